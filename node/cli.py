@@ -1,0 +1,247 @@
+"""The `pathswarm` command line (click): parses options, sets up logging, calls the library.
+
+Every user-facing failure (bad spec, missing data, corrupt checkpoint, bad option value) is one line
+on stderr and exit code 2; `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+
+import click
+
+from pathswarm import __version__
+from pathswarm.protocol.spec import SpecError, SwarmSpec, load_spec
+
+EXIT_USAGE = 2
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from pathswarm.node.checkpoint import CheckpointError
+    from pathswarm.node.data import DataError
+
+    return (SpecError, CheckpointError, DataError, ValueError, OSError)
+
+
+def friendly(fn: Callable) -> Callable:
+    """Turn expected failures into one clear line and exit code 2 (traceback only with --debug)."""
+
+    @wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except _user_errors() as e:
+            ctx = click.get_current_context()
+            if ctx.find_root().obj and ctx.find_root().obj.get("debug"):
+                raise
+            click.echo(f"error: {e}", err=True)
+            sys.exit(EXIT_USAGE)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+def _load_spec_option(path: str) -> SwarmSpec:
+    return load_spec(path)
+
+
+def _write_json(path: str | None, payload: dict) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(payload, indent=1, sort_keys=True), encoding="utf-8")
+        click.echo(f"wrote {path}")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="pathswarm")
+@click.option("--debug", is_flag=True, help="Show full tracebacks and debug logs.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """pathswarm: train one modular language model (DiPaCo) with strangers' GPUs, peer to peer.
+
+    \b
+    Typical use:
+      pathswarm swarm init -o swarm.toml          # define a swarm and fit its router
+      pathswarm simulate --spec swarm.toml        # run the algorithm in one process
+      pathswarm eval --spec swarm.toml --checkpoint DIR
+      pathswarm demo                              # the quickstart: a short local swarm
+    """
+    ctx.obj = {"debug": debug}
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
+# ---- swarm ---------------------------------------------------------------------------------------
+@main.group()
+def swarm() -> None:
+    """Create and inspect swarm specs."""
+
+
+def _parse_levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected modules per level like 2x2 or 4x2x2") from None
+    if not levels or any(k <= 0 for k in levels):
+        raise click.BadParameter(f"{text!r}: every level needs at least one module")
+    return levels
+
+
+@swarm.command("init")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the spec (TOML).")
+@click.option("--corpus", type=click.Choice(["bbc", "synthetic"]), default="bbc", show_default=True,
+              help="Built-in corpus the router is fitted on (ignored with --data).")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="Directory of .txt / .jsonl documents to use instead of a built-in corpus.")
+@click.option("--levels", default="2x2", show_default=True, help="Modules per level, e.g. 2x2 (4 paths) or 4x2.")
+@click.option("--width", type=int, default=128, show_default=True, help="Model width (d_model) of every module.")
+@click.option("--base-width", type=int, default=64, show_default=True,
+              help="Width the hyperparameters were tuned at (muP scales from it).")
+@click.option("--heads", type=int, default=4, show_default=True, help="Attention heads (must divide --width).")
+@click.option("--layers-per-module", type=int, default=2, show_default=True, help="Transformer blocks per module.")
+@click.option("--context-len", type=int, default=128, show_default=True, help="Tokens (bytes) per sequence.")
+@click.option("--inner-steps", type=int, default=50, show_default=True, help="H: inner AdamW steps per outer round.")
+@click.option("--inner-lr", type=float, default=3e-3, show_default=True,
+              help="Inner AdamW learning rate at base width.")
+@click.option("--name", default="pathswarm", show_default=True, help="Swarm name (part of its id).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the router fit and the initial weights.")
+@click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+@friendly
+def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, width: int, base_width: int, heads: int,
+               layers_per_module: int, context_len: int, inner_steps: int, inner_lr: float, name: str, seed: int,
+               force: bool) -> None:
+    """Define a new swarm: build a spec, fit the document router, print paths and routing."""
+    from pathswarm.node.data import load_documents
+    from pathswarm.node.swarm_init import format_init_report, init_spec
+    from pathswarm.protocol.spec import DataSpec, InnerOptSpec, ModelSpec, RouterSpec
+
+    out = Path(output)
+    if out.exists() and not force:
+        raise click.UsageError(f"{out} exists; pass --force to overwrite it")
+    data = DataSpec(corpus="dir", path=str(Path(data_dir).resolve())) if data_dir else DataSpec(corpus=corpus)
+    base = SwarmSpec(
+        name=name, levels=_parse_levels(levels),
+        model=ModelSpec(width=width, base_width=base_width, n_heads=heads, layers_per_module=layers_per_module,
+                        context_len=context_len, seed=seed),
+        router=RouterSpec(seed=seed), inner=InnerOptSpec(steps=inner_steps, lr=inner_lr), data=data)
+    docs = load_documents(base.data)
+    spec = init_spec(base, docs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(spec.to_toml(), encoding="utf-8")
+    click.echo(format_init_report(spec, docs))
+    click.echo(f"wrote {out} (swarm id {spec.swarm_id[:16]}…)")
+
+
+@swarm.command("id")
+@click.argument("spec_path", type=click.Path(dir_okay=False))
+@friendly
+def swarm_id(spec_path: str) -> None:
+    """Print the swarm id (sha256 of the canonical spec) of SPEC_PATH."""
+    click.echo(_load_spec_option(spec_path).swarm_id)
+
+
+# ---- simulate ------------------------------------------------------------------------------------
+@main.command()
+@click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False), help="Swarm spec (TOML).")
+@click.option("--mode", type=click.Choice(["dipaco", "diloco", "sync"]), default="dipaco", show_default=True,
+              help="dipaco: one worker per path on routed data; diloco: N replicas of one path; "
+                   "sync: data-parallel baseline with gradients averaged every step.")
+@click.option("--workers", type=int, default=0, help="Workers (default: one per path for dipaco, 4 otherwise).")
+@click.option("--rounds", type=int, default=5, show_default=True, help="Outer rounds.")
+@click.option("--inner-steps", type=int, default=0, help="H inner steps per round (default: the spec's).")
+@click.option("--lr", type=float, default=0.0, help="Override the spec's inner learning rate.")
+@click.option("--eval-batches", type=int, default=8, show_default=True, help="Validation batches per path.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the workers' data streams.")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
+              help="Write the final modules here (readable by eval and generate).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write per-round losses, tokens and bytes as JSON.")
+@friendly
+def simulate(spec_path: str, mode: str, workers: int, rounds: int, inner_steps: int, lr: float, eval_batches: int,
+             seed: int, checkpoint_dir: str | None, json_path: str | None) -> None:
+    """Run the whole training algorithm in one process, without networking."""
+    from pathswarm.node.progress import run_with_progress
+    from pathswarm.node.simulate import SimConfig
+
+    spec = _load_spec_option(spec_path)
+    cfg = SimConfig(mode=mode, workers=workers, rounds=rounds, inner_steps=inner_steps, lr=lr,
+                    eval_batches=eval_batches, seed=seed, checkpoint_dir=checkpoint_dir or "")
+    result = run_with_progress(spec, cfg)
+    _write_json(json_path, result.to_json())
+
+
+# ---- demo ----------------------------------------------------------------------------------------
+@main.command()
+@click.option("--rounds", type=int, default=4, show_default=True, help="Outer rounds.")
+@click.option("--inner-steps", type=int, default=40, show_default=True, help="H inner steps per round.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/demo", show_default=True,
+              help="Directory for the spec, checkpoint, JSON and plot.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="JSON summary path (default: OUT/demo.json).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="PNG of validation loss per path (default: OUT/demo.png).")
+@friendly
+def demo(rounds: int, inner_steps: int, out_dir: str, json_path: str | None, plot_path: str | None) -> None:
+    """A short 2x2 DiPaCo swarm on the BBC News corpus, simulated in one process (a few minutes)."""
+    from pathswarm.node.demo import run_demo
+
+    run_demo(rounds=rounds, inner_steps=inner_steps, out_dir=Path(out_dir),
+             json_path=Path(json_path) if json_path else None, plot_path=Path(plot_path) if plot_path else None)
+
+
+# ---- inference -----------------------------------------------------------------------------------
+@main.command("eval")
+@click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False), help="Swarm spec (TOML).")
+@click.option("--checkpoint", "checkpoint_dir", required=True, type=click.Path(), help="Checkpoint directory.")
+@click.option("--batches", type=int, default=16, show_default=True, help="Validation batches per path.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write JSON here.")
+@friendly
+def eval_cmd(spec_path: str, checkpoint_dir: str, batches: int, json_path: str | None) -> None:
+    """Routed validation loss (and bits per byte) per path and overall."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from pathswarm.node.checkpoint import load_checkpoint
+    from pathswarm.node.evaluate import routed_eval
+
+    spec = _load_spec_option(spec_path)
+    ckpt = load_checkpoint(checkpoint_dir, spec)
+    rows, overall = routed_eval(spec, ckpt, max_batches=batches)
+    table = Table(title=f"routed validation loss, round {ckpt.round}")
+    for col in ("path", "documents", "tokens", "loss (nats)", "bits/byte"):
+        table.add_column(col, justify="right")
+    for r in [*rows, overall]:
+        table.add_row(r.path, str(r.documents), str(r.tokens), f"{r.loss:.4f}", f"{r.bits_per_byte:.4f}")
+    Console().print(table)
+    _write_json(json_path, {"round": ckpt.round, "paths": {r.path: r.loss for r in rows}, "all": overall.loss,
+                            "bits_per_byte": overall.bits_per_byte})
+
+
+@main.command()
+@click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False), help="Swarm spec (TOML).")
+@click.option("--checkpoint", "checkpoint_dir", required=True, type=click.Path(), help="Checkpoint directory.")
+@click.option("--prompt", required=True, help="Text to continue; it is routed to its path first.")
+@click.option("--max-bytes", type=int, default=200, show_default=True, help="Bytes to generate.")
+@click.option("--temperature", type=float, default=0.8, show_default=True, help="Sampling temperature (0: greedy).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
+@friendly
+def generate(spec_path: str, checkpoint_dir: str, prompt: str, max_bytes: int, temperature: float, seed: int) -> None:
+    """Route PROMPT to its path and sample a continuation."""
+    from pathswarm.node.evaluate import generate_text
+
+    if max_bytes <= 0:
+        raise click.BadParameter("must be positive", param_hint="--max-bytes")
+    spec = _load_spec_option(spec_path)
+    path, text = generate_text(spec, checkpoint_dir, prompt, max_bytes, temperature, seed)
+    click.echo(f"[path {path}] {prompt}{text}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,73 @@
+"""The inner loop of DiLoCo: AdamW on one path's documents, with muP learning rates and warm-up.
+
+Kept as straight visible code (nanoGPT style): sample a batch, forward, backward, clip, step.
+The same functions drive the simulator, the synchronous baseline and the real node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from pathswarm.node.model import PathModel, param_groups
+from pathswarm.protocol.spec import InnerOptSpec
+
+
+def make_inner_optimizer(model: PathModel, cfg: InnerOptSpec, lr: float | None = None) -> torch.optim.AdamW:
+    """AdamW over the path's parameters with muP per-group learning rates (lr overrides cfg.lr)."""
+    groups = param_groups(model, lr if lr is not None else cfg.lr, cfg.weight_decay)
+    return torch.optim.AdamW(groups, betas=(cfg.beta1, cfg.beta2))
+
+
+def set_warmup_lr(opt: torch.optim.Optimizer, inner_step: int, warmup_steps: int) -> None:
+    """Linear warm-up over the first steps of a node's training, then constant.
+
+    Constant afterwards because a swarm trains open-ended: there is no known end for a cosine."""
+    factor = min(1.0, (inner_step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    for g in opt.param_groups:
+        g["lr"] = g["base_lr"] * factor
+
+
+@dataclass
+class InnerStats:
+    losses: list[float]
+    tokens: int
+
+
+def train_steps(model: PathModel, opt: torch.optim.Optimizer, batches: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+                cfg: InnerOptSpec, steps: int, first_step: int = 0,
+                on_step: Callable[[int, float], None] | None = None) -> InnerStats:
+    """Run `steps` inner AdamW steps; `first_step` is the node's running inner-step count (for warm-up)."""
+    model.train()
+    losses: list[float] = []
+    tokens = 0
+    for i in range(steps):
+        x, y = batches()
+        set_warmup_lr(opt, first_step + i, cfg.warmup_steps)
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        losses.append(loss.item())
+        tokens += y.numel()
+        if on_step is not None:
+            on_step(first_step + i, losses[-1])
+    return InnerStats(losses=losses, tokens=tokens)
+
+
+@torch.no_grad()
+def evaluate_loss(model: PathModel, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, int]:
+    """Mean next-byte cross-entropy (nats per token) over the batches, and the token count."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for x, y in batches:
+        _, loss = model(x, y)
+        total += loss.item() * y.numel()
+        count += y.numel()
+    model.train(was_training)
+    return (total / count if count else float("nan")), count

@@ -1,0 +1,90 @@
+"""DiLoCo's outer optimisation as pure functions over flat tensors (arXiv 2311.08105).
+
+After H inner steps a worker's *pseudo-gradient* (outer gradient) for a module is
+Δ = anchor − local: the direction the inner steps moved the weights, negated so it behaves like a
+gradient. The holders of a module average their Δ weighted by the tokens each trained on, then every
+holder applies the same Nesterov momentum step to its anchor copy:
+
+    buf ← μ·buf + Δ̄ ;  step = Δ̄ + μ·buf (Nesterov) or buf (heavy ball) ;  anchor ← anchor − lr·step
+
+This matches torch.optim.SGD(momentum=μ, nesterov=True, dampening=0) applied to Δ̄. Everything here is
+deterministic for a given input order, which is what keeps the replicas of a module bit-identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from pathswarm.protocol.spec import OuterOptSpec
+
+
+def pseudo_gradient(anchor: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """Δ = anchor − local (fp32)."""
+    if anchor.shape != local.shape:
+        raise ValueError(f"anchor shape {tuple(anchor.shape)} != local shape {tuple(local.shape)}")
+    return anchor.float() - local.float()
+
+
+def weighted_average(deltas: Sequence[torch.Tensor], tokens: Sequence[float]) -> torch.Tensor:
+    """Token-weighted mean Σ wᵢΔᵢ / Σ wᵢ, accumulated in the order given.
+
+    Callers pass contributions in a canonical order (e.g. sorted by peer id) so that every member of
+    a group computes the very same floating-point result."""
+    if len(deltas) == 0:
+        raise ValueError("weighted_average needs at least one contribution")
+    if len(deltas) != len(tokens):
+        raise ValueError(f"{len(deltas)} deltas but {len(tokens)} token counts")
+    if any(not (t > 0) for t in tokens):
+        raise ValueError(f"token counts must be positive, got {list(tokens)}")
+    shape = deltas[0].shape
+    for d in deltas:
+        if d.shape != shape:
+            raise ValueError(f"contributions differ in shape: {tuple(d.shape)} vs {tuple(shape)}")
+    total = float(sum(tokens))
+    out = torch.zeros(shape, dtype=torch.float32)
+    for d, t in zip(deltas, tokens, strict=True):
+        out.add_(d.float(), alpha=float(t) / total)
+    return out
+
+
+def nesterov_step(anchor: torch.Tensor, momentum: torch.Tensor, grad: torch.Tensor, cfg: OuterOptSpec) -> None:
+    """Apply one outer step in place to `anchor` and `momentum` (both fp32 flat tensors)."""
+    if not (anchor.shape == momentum.shape == grad.shape):
+        raise ValueError("anchor, momentum and outer gradient must have the same shape")
+    momentum.mul_(cfg.momentum).add_(grad)
+    step = grad.add(momentum, alpha=cfg.momentum) if cfg.nesterov else momentum
+    anchor.sub_(step, alpha=cfg.lr)
+
+
+@dataclass
+class OuterState:
+    """One module's outer state on one node: the anchor weights and the Nesterov buffer, flat fp32."""
+
+    anchor: torch.Tensor
+    momentum: torch.Tensor
+    round: int = 0
+
+    @classmethod
+    def fresh(cls, weights: torch.Tensor) -> OuterState:
+        w = weights.detach().float().clone()
+        return cls(anchor=w, momentum=torch.zeros_like(w), round=0)
+
+    def apply(self, avg_pseudo_grad: torch.Tensor, cfg: OuterOptSpec) -> None:
+        nesterov_step(self.anchor, self.momentum, avg_pseudo_grad, cfg)
+        self.round += 1
+
+    def digest(self) -> str:
+        """Hash of anchor, momentum and round: equal on every replica after a good round."""
+        return state_digest(self.anchor, self.momentum, self.round)
+
+
+def state_digest(anchor: torch.Tensor, momentum: torch.Tensor, round_: int) -> str:
+    h = hashlib.sha256()
+    h.update(round_.to_bytes(8, "little"))
+    for t in (anchor, momentum):
+        h.update(t.detach().contiguous().float().numpy().tobytes())
+    return h.hexdigest()[:16]

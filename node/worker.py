@@ -1,0 +1,109 @@
+"""One path's worker: a PathModel, its inner AdamW, and an outer state per module it holds.
+
+This is the unit both the in-process simulator and the real node drive. A round is:
+`train_inner(H)` → `encode_pseudo_grads()` (one codec frame per module, with error feedback) →
+the frames of a module's holders are merged by `merge_frames` in a canonical order →
+`apply_outer(mid, avg)` on every holder, which then restarts its inner phase from the new anchor.
+Because every holder decodes the same bytes and merges them in the same order, all holders end the
+round with bit-identical anchor and momentum (checked by `digest`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from pathswarm.compression import ErrorFeedback, decode, encode
+from pathswarm.node.checkpoint import ModuleState
+from pathswarm.node.inner import InnerStats, make_inner_optimizer, train_steps
+from pathswarm.node.model import PathModel, build_path
+from pathswarm.node.outer import OuterState, pseudo_gradient, weighted_average
+from pathswarm.protocol.spec import SwarmSpec
+
+
+class PathWorker:
+    def __init__(self, spec: SwarmSpec, path: tuple[int, ...], batches: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+                 name: str = "worker", lr: float | None = None, model: PathModel | None = None):
+        self.spec = spec
+        self.path = tuple(path)
+        self.name = name
+        self.model = model if model is not None else build_path(spec, self.path)
+        self.module_ids = self.model.module_ids
+        self.batches = batches
+        self.opt = make_inner_optimizer(self.model, spec.inner, lr)
+        self.outer = {mid: OuterState.fresh(self.flat(mid)) for mid in self.module_ids}
+        self.feedback = {mid: ErrorFeedback() for mid in self.module_ids}
+        self.inner_step = 0
+        self.round_tokens = 0
+
+    # ---- weights as flat vectors, one per module ---------------------------------------------
+    def flat(self, mid: str) -> torch.Tensor:
+        return parameters_to_vector(self.model.module(mid).parameters()).detach().clone()
+
+    def set_flat(self, mid: str, vec: torch.Tensor) -> None:
+        with torch.no_grad():
+            vector_to_parameters(vec.to(torch.float32), self.model.module(mid).parameters())
+
+    # ---- the round ---------------------------------------------------------------------------
+    def train_inner(self, steps: int, on_step: Callable[[int, float], None] | None = None) -> InnerStats:
+        stats = train_steps(self.model, self.opt, self.batches, self.spec.inner, steps, self.inner_step, on_step)
+        self.inner_step += steps
+        self.round_tokens += stats.tokens
+        return stats
+
+    def pseudo_grad(self, mid: str) -> torch.Tensor:
+        return pseudo_gradient(self.outer[mid].anchor, self.flat(mid))
+
+    def encode_pseudo_grad(self, mid: str) -> bytes:
+        """The module's outer gradient as one codec frame (quantisation residual kept for next round)."""
+        codec = self.spec.codec
+        delta = self.pseudo_grad(mid)
+        if not codec.error_feedback:
+            return encode(delta, block_size=codec.block_size, zstd_level=codec.zstd_level)
+        return self.feedback[mid].encode(delta, block_size=codec.block_size, zstd_level=codec.zstd_level)
+
+    def apply_outer(self, mid: str, avg_pseudo_grad: torch.Tensor) -> None:
+        """Outer Nesterov step on the module's anchor; the local weights restart from the new anchor."""
+        self.outer[mid].apply(avg_pseudo_grad, self.spec.outer)
+        self.set_flat(mid, self.outer[mid].anchor)
+
+    def end_round(self) -> None:
+        self.round_tokens = 0
+
+    def digest(self, mid: str) -> str:
+        return self.outer[mid].digest()
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def module_state(self, mid: str) -> ModuleState:
+        """The module at its last complete outer round (anchor, not the in-flight local weights)."""
+        st = self.outer[mid]
+        template = self.model.module(mid).state_dict()
+        weights, offset = {}, 0
+        for name, t in template.items():
+            weights[name] = st.anchor[offset:offset + t.numel()].view_as(t).clone()
+            offset += t.numel()
+        return ModuleState(weights=weights, momentum=st.momentum.clone(), round=st.round)
+
+    def restore(self, mid: str, state: ModuleState) -> None:
+        """Adopt a module state (from a checkpoint or a peer): anchor, momentum, round, local weights."""
+        anchor = state.flat_weights()
+        if anchor.numel() != self.outer[mid].anchor.numel() or state.momentum.numel() != anchor.numel():
+            raise ValueError(f"module {mid}: state has {anchor.numel()} values, "
+                             f"expected {self.outer[mid].anchor.numel()}")
+        self.outer[mid] = OuterState(anchor=anchor.clone(), momentum=state.momentum.float().clone(), round=state.round)
+        self.set_flat(mid, anchor)
+
+
+def merge_frames(frames: Sequence[bytes], tokens: Sequence[float], numel: int) -> torch.Tensor:
+    """Decode the holders' frames and return their token-weighted mean, in the order given.
+
+    `numel` bounds decoding (no decompression bomb) and is checked against every frame."""
+    deltas = []
+    for frame in frames:
+        delta = decode(frame, max_elements=numel).reshape(-1)
+        if delta.numel() != numel:
+            raise ValueError(f"frame holds {delta.numel()} values, module has {numel}")
+        deltas.append(delta)
+    return weighted_average(deltas, tokens)
