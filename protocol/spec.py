@@ -72,9 +72,11 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class RouterSpec:
-    """Fixed document router: hashed byte n-gram features -> nearest of one k-means centroid per path."""
+    """Fixed document router: log1p + L2-normalised counts of hashed byte n-grams (FNV-1a + fmix64)
+    -> nearest of one k-means centroid per path (measured on BBC: 1024 features, 3-grams, 2048-byte prefix
+    route topics most coherently; see node/router.py)."""
 
-    features: int = 256
+    features: int = 1024
     """Dimension of the hashed byte n-gram feature vector."""
     ngram: int = 3
     """Byte n-gram length hashed into features."""
