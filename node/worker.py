@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from pathswarm.compression import ErrorFeedback, decode, encode
 from pathswarm.node.checkpoint import ModuleState
@@ -43,8 +43,17 @@ class PathWorker:
         return parameters_to_vector(self.model.module(mid).parameters()).detach().clone()
 
     def set_flat(self, mid: str, vec: torch.Tensor) -> None:
+        """Copy a flat vector into the module's parameters (never aliasing it: torch's
+        vector_to_parameters would make the parameters views of `vec`, so training would
+        silently rewrite the anchor)."""
+        offset = 0
         with torch.no_grad():
-            vector_to_parameters(vec.to(torch.float32), self.model.module(mid).parameters())
+            for p in self.model.module(mid).parameters():
+                n = p.numel()
+                p.copy_(vec[offset:offset + n].view_as(p))
+                offset += n
+        if offset != vec.numel():
+            raise ValueError(f"module {mid}: vector has {vec.numel()} values, parameters {offset}")
 
     # ---- the round ---------------------------------------------------------------------------
     def train_inner(self, steps: int, on_step: Callable[[int, float], None] | None = None) -> InnerStats:
