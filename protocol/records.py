@@ -1,0 +1,242 @@
+"""DHT records of a swarm: the keys they live under and the validated models peers read them into.
+
+Everything read from the DHT is untrusted. `parse_record` bounds the size of what arrived before
+looking inside it, admits only plain msgpack data (dict, list, tuple, str, bytes, int, float, bool,
+None), validates it with a strict pydantic model (frozen, no extra fields, bounded strings and
+numbers) and, given the spec, checks the fields that must fit the swarm (a path fits the levels, a
+module id exists). It raises `RecordError` and nothing else, so a bad peer costs one log line.
+
+Keys are plain strings prefixed with the swarm id, so swarms never mix: `{swarm_id}/claims`,
+`{swarm_id}/metrics`, `{swarm_id}/module/{module_id}`. Each peer writes its record under a subkey it
+owns (see protocol/dht.py), so these keys are dictionaries with one entry per peer.
+
+Pure code: no networking, no hivemind, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pathswarm.protocol.spec import SwarmSpec
+
+MAX_RECORD_BYTES = 4096
+"""A record larger than this (serialized, or estimated for a python object) is rejected unread."""
+MAX_DEPTH = 8
+"""Deepest nesting of containers accepted in a record (ours need 2)."""
+MAX_LEVELS = 64
+"""Most levels a path may have (a spec with more would be absurd)."""
+MAX_MODULE_INDEX = 1 << 20
+"""Largest module index within a level accepted in a record."""
+MAX_COUNT = 1 << 62
+"""Upper bound of counters (rounds, bytes, numel): keeps every integer inside int64."""
+
+_SWARM_ID_RE = re.compile(r"^[0-9A-Za-z_-]{1,128}$")
+_MODULE_ID_PATTERN = r"^(shared|L[0-9]{1,2}M[0-9]{1,7})$"
+
+PeerIdStr = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[0-9A-Za-z]+$")]
+"""A libp2p peer id in base58 (46 characters for RSA / Ed25519 keys); bounded, alphanumeric."""
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Rate = Annotated[float, Field(ge=0.0, le=1e15)]
+Timestamp = Annotated[float, Field(ge=0.0, le=1e11)]
+"""Seconds since the epoch (hivemind's DHT time); 1e11 is the year 5138."""
+
+
+class RecordError(ValueError):
+    """A record read from the DHT is malformed, too large, or does not fit the swarm's spec."""
+
+
+class _Record(BaseModel):
+    # strict: no silent coercion of "3" to 3 or True to 1; a record is exactly what we write.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class _PathRecord(_Record):
+    path: tuple[int, ...] = Field(min_length=1, max_length=MAX_LEVELS)
+    """One module index per level; sent as a list (JSON / msgpack have no tuple)."""
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _list_to_tuple(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return tuple(v)
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _indices_in_range(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(not 0 <= m < MAX_MODULE_INDEX for m in v):
+            raise ValueError(f"module indices must be in [0, {MAX_MODULE_INDEX})")
+        return v
+
+
+class PathClaim(_PathRecord):
+    """A peer's claim to train one path, renewed by heartbeat until `expires_at`."""
+
+    peer_id: PeerIdStr
+    """The claiming peer's libp2p id (base58)."""
+    tokens_per_s: Rate
+    """The claimant's measured training throughput; 0 while unknown (path choice counts a minimum)."""
+    round: Count
+    """The outer round the claimant is at."""
+    expires_at: Timestamp
+    """DHT time after which the claim is dead; a withdrawn claim is rewritten with expires_at = now."""
+
+
+class ModuleAnnouncement(_Record):
+    """A peer announces it holds a module's state at a round, so joiners know whom to fetch it from."""
+
+    module_id: str = Field(pattern=_MODULE_ID_PATTERN, max_length=16)
+    """'shared' or 'L{level}M{module}'."""
+    round: Count
+    """The outer round of the held state."""
+    digest: str = Field(pattern=r"^[0-9a-f]{1,64}$")
+    """Lowercase hex digest of the module's state (e.g. sha256 of its tensors); replicas compare it."""
+    peer_id: PeerIdStr
+    """The announcing peer's libp2p id."""
+    numel: Count
+    """Number of parameters in the module (a downloader bounds its allocation by it)."""
+
+
+class NodeMetrics(_PathRecord):
+    """One node's latest progress, for dashboards and the swarm's health summary."""
+
+    peer_id: PeerIdStr
+    """The reporting peer's libp2p id."""
+    round: Count
+    """The outer round the node has completed."""
+    loss: float = Field(ge=0.0, le=1e6)
+    """Latest training loss (cross-entropy, nats per token)."""
+    tokens_per_s: Rate
+    """Training throughput."""
+    bytes_sent: Count
+    """Bytes sent on the wire since the node started."""
+    bytes_received: Count
+    """Bytes received on the wire since the node started."""
+
+
+R = TypeVar("R", bound=_Record)
+
+
+# ---- keys --------------------------------------------------------------------------------------
+def _check_swarm_id(swarm_id: str) -> str:
+    if not isinstance(swarm_id, str) or not _SWARM_ID_RE.match(swarm_id):
+        raise ValueError(f"swarm id must be 1-128 characters of [0-9A-Za-z_-], got {swarm_id!r}")
+    return swarm_id
+
+
+def claims_key(swarm_id: str) -> str:
+    """Dictionary of path claims: one subkey per claiming peer."""
+    return f"{_check_swarm_id(swarm_id)}/claims"
+
+
+def metrics_key(swarm_id: str) -> str:
+    """Dictionary of node metrics: one subkey per reporting peer."""
+    return f"{_check_swarm_id(swarm_id)}/metrics"
+
+
+def module_key(swarm_id: str, module_id: str) -> str:
+    """Dictionary of announcements of one module's state: one subkey per holder."""
+    if not isinstance(module_id, str) or not re.match(_MODULE_ID_PATTERN, module_id):
+        raise ValueError(f"module id must be 'shared' or 'L<level>M<module>', got {module_id!r}")
+    return f"{_check_swarm_id(swarm_id)}/module/{module_id}"
+
+
+def swarm_keys(spec: SwarmSpec) -> dict[str, type[_Record]]:
+    """Every key a swarm uses, with the record model stored under it."""
+    sid = spec.swarm_id
+    keys: dict[str, type[_Record]] = {claims_key(sid): PathClaim, metrics_key(sid): NodeMetrics}
+    keys.update({module_key(sid, m): ModuleAnnouncement for m in spec.all_module_ids()})
+    return keys
+
+
+# ---- parsing -----------------------------------------------------------------------------------
+_SCALAR_SIZE = 9  # msgpack's widest int / float encoding
+
+
+def _bounded_size(obj: Any, budget: int, depth: int = 0) -> int:
+    """Estimated serialized size of plain data; raises RecordError once it passes the budget.
+
+    Walks without copying and stops at the first item over budget, so a huge object costs
+    at most `budget` steps before it is rejected.
+    """
+    if depth > MAX_DEPTH:
+        raise RecordError(f"record nests deeper than {MAX_DEPTH}")
+    if obj is None or isinstance(obj, bool | int | float):
+        size = _SCALAR_SIZE
+    elif isinstance(obj, str | bytes):
+        size = len(obj) + 5
+    elif isinstance(obj, list | tuple):
+        size = 5
+        for item in obj:
+            size += _bounded_size(item, budget - size, depth + 1)
+    elif isinstance(obj, dict):
+        size = 5
+        for k, v in obj.items():
+            size += _bounded_size(k, budget - size, depth + 1)
+            size += _bounded_size(v, budget - size, depth + 1)
+    else:
+        raise RecordError(f"record holds a {type(obj).__name__}, not plain data")
+    if size > budget:
+        raise RecordError(f"record exceeds {MAX_RECORD_BYTES} bytes")
+    return size
+
+
+def parse_record(model_cls: type[R], raw: Any, spec: SwarmSpec | None = None) -> R:
+    """Validate whatever the DHT returned as a `model_cls` record; raises RecordError only.
+
+    `raw` is a dict of plain data (what hivemind's msgpack gives back) or bytes / str of JSON.
+    With a spec, a path must fit its levels and a module id must be one of its modules.
+    """
+    try:
+        if isinstance(raw, bytes | bytearray | memoryview | str):
+            if len(raw) > MAX_RECORD_BYTES:
+                raise RecordError(f"record of {len(raw)} bytes exceeds {MAX_RECORD_BYTES}")
+            record = model_cls.model_validate_json(raw)
+        else:
+            _bounded_size(raw, MAX_RECORD_BYTES)
+            if not isinstance(raw, dict):
+                raise RecordError(f"record must be a mapping, got {type(raw).__name__}")
+            record = model_cls.model_validate(raw)
+    except ValidationError as e:
+        raise RecordError(f"invalid {model_cls.__name__}: {_first_error(e)}") from None
+    except RecordError:
+        raise
+    except (ValueError, TypeError, RecursionError) as e:  # e.g. invalid UTF-8 inside a bytes record
+        raise RecordError(f"invalid {model_cls.__name__}: {type(e).__name__}") from None
+    if spec is not None:
+        check_against_spec(record, spec)
+    return record
+
+
+def check_against_spec(record: _Record, spec: SwarmSpec) -> None:
+    """Raise RecordError unless the record's path / module id exists in the swarm."""
+    path = getattr(record, "path", None)
+    if path is not None:
+        try:
+            spec.check_path(path)
+        except ValueError as e:
+            raise RecordError(str(e)) from None
+    module = getattr(record, "module_id", None)
+    if module is not None and module not in spec.all_module_ids():
+        raise RecordError(f"module {module!r} is not in the swarm (levels {list(spec.levels)})")
+
+
+def _first_error(e: ValidationError) -> str:
+    # One short line for the log: the first failing field and pydantic's reason, never the input
+    # itself (it came from a stranger and may be large or hostile to terminals).
+    err = e.errors(include_input=False, include_url=False)[0]
+    where = ".".join(str(p) for p in err["loc"]) or "record"
+    return f"{where}: {err['msg']}"[:200]
+
+
+def record_to_wire(record: _Record) -> dict[str, Any]:
+    """Plain data to store in the DHT (lists, not tuples), the inverse of parse_record."""
+    return record.model_dump(mode="json")
+
+
+def record_to_json(record: _Record) -> bytes:
+    return json.dumps(record_to_wire(record), separators=(",", ":")).encode()

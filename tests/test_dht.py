@@ -1,0 +1,214 @@
+"""protocol/dht.py on a real hivemind DHT: three peers in this process's children, on 127.0.0.1 only.
+
+Claims travel between peers, nobody can overwrite or forge another peer's claim (not even a peer
+running without validators), expired claims vanish. Run it under `unshare -n` (with `ip link set lo
+up`) to prove no address outside loopback is needed.
+"""
+
+import dataclasses
+import logging
+import time
+import types
+
+import hivemind
+import pytest
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import CompositeValidator, DHTRecord
+from hivemind.utils import MSGPackSerializer, ValueWithExpiration, get_dht_time
+from hivemind.utils.crypto import RSAPrivateKey
+
+from pathswarm.protocol.dht import (
+    SwarmRecordValidator,
+    announce_module,
+    peer_id_of_owner,
+    publish_claim,
+    publish_metrics,
+    read_claims,
+    read_metrics,
+    read_module_holders,
+    start_dht,
+    withdraw_claim,
+)
+from pathswarm.protocol.path_choice import choose_path
+from pathswarm.protocol.records import (
+    ModuleAnnouncement,
+    NodeMetrics,
+    PathClaim,
+    claims_key,
+    module_key,
+    record_to_wire,
+)
+from pathswarm.protocol.spec import SwarmSpec
+
+pytestmark = pytest.mark.timeout(60)
+
+SPEC = SwarmSpec(name="dht-test", levels=(2, 2))
+KEY = claims_key(SPEC.swarm_id)
+# What start_dht passes to p2pd, for the raw hivemind peer that plays the attacker.
+LOOPBACK_ONLY = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False, use_auto_relay=False,
+                     auto_nat=False, nat_port_map=False, use_ipfs=False)
+
+
+@pytest.fixture(scope="module")
+def peers():
+    started = []
+    try:
+        started.append(start_dht(spec=SPEC))
+        for _ in range(2):
+            started.append(start_dht(started[0].visible_maddrs(), spec=SPEC))
+        yield started
+    finally:
+        for peer in reversed(started):
+            peer.shutdown()
+
+
+def wait_for(condition, timeout_s=10.0):
+    """Poll until condition() is truthy (DHT expiry has no event to wait on)."""
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+    return result
+
+
+def new_claim(peer, path, tokens_per_s=100.0):
+    return PathClaim(path=path, peer_id=peer.peer_id, tokens_per_s=tokens_per_s, round=0, expires_at=0.0)
+
+
+def test_peers_listen_on_loopback_and_peer_ids_are_the_owner_keys(peers):
+    for peer in peers:
+        assert peer.visible_maddrs()
+        assert all(m.startswith("/ip4/127.0.0.1/tcp/") for m in peer.visible_maddrs())
+        assert peer_id_of_owner(peer.owner) == peer.peer_id
+    assert len({p.peer_id for p in peers}) == len({p.owner for p in peers}) == 3
+
+
+def test_a_claim_published_by_one_peer_is_read_by_the_others(peers):
+    a, b, c = peers
+    stored = publish_claim(a, SPEC, new_claim(a, (0, 1)), ttl_s=20)
+    try:
+        assert stored is not None and stored.expires_at > get_dht_time()
+        assert read_claims(b, SPEC) == [stored]
+        assert read_claims(c, SPEC) == [stored]
+        # c sees (0, 1) served and picks another path; a (its own claim ignored) is free to pick any.
+        assert choose_path(SPEC, read_claims(c, SPEC), 0.0, c.peer_id, get_dht_time()) != (0, 1)
+    finally:
+        assert withdraw_claim(a, SPEC, stored)
+    assert read_claims(b, SPEC) == []  # the tombstone is read as no claim
+
+
+def test_nobody_can_overwrite_or_withdraw_another_peers_claim(peers):
+    a, b, c = peers
+    stored = publish_claim(a, SPEC, new_claim(a, (1, 0)), ttl_s=20)
+    try:
+        forged = stored.model_copy(update={"path": (1, 1), "tokens_per_s": 0.0, "expires_at": stored.expires_at + 5})
+        # b writes under a's subkey: its validator cannot sign for a's key, every peer refuses it.
+        assert not b.dht.store(KEY, record_to_wire(forged), forged.expires_at, subkey=a.owner)
+        with pytest.raises(ValueError, match="names peer"):
+            withdraw_claim(b, SPEC, stored)  # the seam refuses before the DHT would
+        assert read_claims(c, SPEC) == read_claims(a, SPEC) == [stored]
+    finally:
+        withdraw_claim(a, SPEC, stored)
+
+
+def test_a_peer_without_the_swarm_validator_cannot_forge_claims(peers):
+    a, b, c = peers
+    stored = publish_claim(a, SPEC, new_claim(a, (0, 0)), ttl_s=20)
+    rogue_key = RSAPrivateKey()
+    rogue_validator = RSASignatureValidator(rogue_key)
+    rogue = hivemind.DHT(initial_peers=a.visible_maddrs(), start=True, record_validators=[rogue_validator],
+                         **LOOPBACK_ONLY)
+    try:
+        expiration = get_dht_time() + 20
+        forged = record_to_wire(stored.model_copy(update={"path": (1, 1), "expires_at": expiration + 5}))
+        rogue.store(KEY, forged, expiration + 5, subkey=a.owner)  # unsigned, under a's subkey
+        rogue.store(KEY, {"path": [9, 9], "junk": "x" * 3000}, expiration, subkey=b"rogue")  # no owner
+        # Signed by the rogue's own key, but in a's name: refused by the peer id binding.
+        rogue.store(KEY, forged, expiration, subkey=rogue_validator.local_public_key)
+        assert rogue.get(KEY, latest=True) is not None  # the rogue does hold its forgeries
+        for reader in (a, b, c):
+            assert read_claims(reader, SPEC) == [stored]
+            # Not only filtered on read: the honest peers' validators refused every forgery.
+            assert set(reader.dht.get(KEY, latest=True).value) == {a.owner}
+        assert rogue.is_alive() and all(p.dht.is_alive() for p in peers)
+    finally:
+        rogue.shutdown()
+        withdraw_claim(a, SPEC, stored)
+
+
+def test_swarm_record_validator_without_a_network():
+    key = RSAPrivateKey()
+    owner = RSASignatureValidator(key).local_public_key
+    validator = CompositeValidator([RSASignatureValidator(key), SwarmRecordValidator(SPEC)])
+    claim = PathClaim(path=(0, 1), peer_id=peer_id_of_owner(owner), tokens_per_s=1.0, round=0, expires_at=5.0)
+
+    def record(value, subkey=owner, key=KEY):
+        raw = DHTRecord(DHTID.generate(source=key).to_bytes(), MSGPackSerializer.dumps(subkey),
+                        MSGPackSerializer.dumps(value), 10.0)
+        return dataclasses.replace(raw, value=validator.sign_value(raw))
+
+    assert validator.validate(record(record_to_wire(claim)))
+    in_other_name = claim.model_copy(update={"peer_id": "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"})
+    assert not validator.validate(record(record_to_wire(in_other_name)))
+    assert not validator.validate(record(record_to_wire(claim), subkey=b"no owner"))
+    assert not validator.validate(record({**record_to_wire(claim), "path": [0, 2]}))  # off the spec
+    assert not validator.validate(record(b"\x00" * 5000))
+    assert not validator.validate(record(record_to_wire(claim), key=module_key(SPEC.swarm_id, "L0M0")))
+    assert validator.validate(record(b"anything", subkey=b"x", key="not-our-key"))  # not the swarm's
+
+
+def test_bad_records_read_are_dropped_with_one_log_line_each(caplog):
+    # What a peer's DHT process let through is checked again on read (defence in depth).
+    owner = RSASignatureValidator(RSAPrivateKey()).local_public_key
+    me = peer_id_of_owner(owner)
+    good = PathClaim(path=(1, 0), peer_id=me, tokens_per_s=2.0, round=1, expires_at=get_dht_time() + 60)
+    wire = record_to_wire(good)
+    other = RSASignatureValidator(RSAPrivateKey()).local_public_key
+    found = {
+        owner: wire,
+        other: wire,  # signed by another key, in my name
+        b"plain": wire,  # no owner key
+        "text": wire,
+        other + b"x": {**wire, "path": [5, 5]},
+        other + b"y": [1, 2, 3],
+    }
+
+    def fake(value):
+        dht = types.SimpleNamespace(get=lambda key, latest: ValueWithExpiration(value, get_dht_time() + 60))
+        return types.SimpleNamespace(dht=dht)
+
+    caplog.set_level(logging.INFO, logger="pathswarm.protocol.dht")
+    items = {k: ValueWithExpiration(v, get_dht_time() + 60) for k, v in found.items()}
+    assert read_claims(fake(items), SPEC) == [good]
+    assert len([r for r in caplog.records if r.message.startswith("dropped a PathClaim")]) == 5
+    assert read_claims(fake(b"a regular value, not a dictionary"), SPEC) == []
+
+
+def test_expired_claims_disappear(peers):
+    a, b, c = peers  # only this test publishes from c: a tombstone of c would outlive a short claim
+    stored = publish_claim(c, SPEC, new_claim(c, (1, 1), tokens_per_s=0.0), ttl_s=1.0)
+    assert stored is not None
+    assert read_claims(a, SPEC) == [stored]
+    wait_for(lambda: read_claims(a, SPEC) == [], timeout_s=10)
+
+    def gone_from_the_dht():
+        found = b.dht.get(KEY, latest=True)
+        return found is None or c.owner not in found.value
+
+    wait_for(gone_from_the_dht, timeout_s=10)  # hivemind dropped the record, not just our filter
+
+
+def test_module_announcements_and_metrics_round_trip(peers):
+    a, b, c = peers
+    announcement = ModuleAnnouncement(module_id="L0M1", round=3, digest="0f" * 32, peer_id=b.peer_id, numel=4096)
+    assert announce_module(b, SPEC, announcement, ttl_s=20)
+    assert read_module_holders(c, SPEC, "L0M1") == [announcement]
+    assert read_module_holders(c, SPEC, "L0M0") == []
+    with pytest.raises(ValueError, match="not in the swarm"):
+        announce_module(b, SPEC, announcement.model_copy(update={"module_id": "L1M7"}), ttl_s=20)
+
+    metrics = NodeMetrics(path=(0, 1), peer_id=b.peer_id, round=3, loss=2.25, tokens_per_s=1500.0,
+                          bytes_sent=1 << 20, bytes_received=1 << 21)
+    assert publish_metrics(b, SPEC, metrics, ttl_s=20)
+    assert read_metrics(a, SPEC) == [metrics]
