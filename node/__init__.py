@@ -1,1 +1,2 @@
-"""What runs on a volunteer machine: muP model, data and routing, inner and outer optimisation, simulator, checkpoints, CLI."""
+"""What runs on a volunteer machine: muP model, data and routing, inner and outer optimisation,
+simulator, the networked node runtime, checkpoints and the CLI."""

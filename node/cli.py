@@ -177,23 +177,99 @@ def simulate(spec_path: str, mode: str, workers: int, rounds: int, inner_steps: 
     _write_json(json_path, result.to_json())
 
 
+# ---- node ----------------------------------------------------------------------------------------
+@main.group()
+def node() -> None:
+    """Run a training node."""
+
+
+@node.command("run")
+@click.option("--swarm", "spec_path", required=True, type=click.Path(dir_okay=False),
+              help="The swarm's spec (TOML); its swarm id must match the swarm you join.")
+@click.option("--initial-peer", "initial_peers", multiple=True,
+              help="Multiaddr of a swarm peer to join through (repeat for several; none: start a new DHT).")
+@click.option("--path", default="auto", show_default=True,
+              help="'auto' claims the least-served path; or a path like 0.1 (one module index per level).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="auto uses CUDA when present.")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="Train on this directory's .txt/.jsonl documents instead of the spec's corpus.")
+@click.option("--host-maddr", "host_maddrs", multiple=True, default=("/ip4/127.0.0.1/tcp/0",), show_default=True,
+              help="Where to listen, e.g. /ip4/0.0.0.0/tcp/31337 to accept peers from other machines.")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
+              help="Checkpoint root: resumed from at start, written after every round.")
+@click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
+              help="Write JSON (peer id, multiaddrs, path) here once the node is training.")
+@click.option("--status-file", type=click.Path(dir_okay=False), default=None,
+              help="Rewrite a JSON of the node's progress here after every round.")
+@click.option("--max-rounds", type=int, default=0, show_default=True, help="Stop after N outer rounds (0: never).")
+@click.option("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of this node's data stream.")
+@friendly
+def node_run(spec_path: str, initial_peers: tuple[str, ...], path: str, device: str, data_dir: str | None,
+             host_maddrs: tuple[str, ...], checkpoint_dir: str | None, ready_file: str | None,
+             status_file: str | None, max_rounds: int, threads: int, seed: int) -> None:
+    """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly)."""
+    from pathswarm.node.runtime import Node, NodeConfig
+
+    if max_rounds < 0:
+        raise click.BadParameter("must be >= 0", param_hint="--max-rounds")
+    cfg = NodeConfig(spec=_load_spec_option(spec_path), initial_peers=tuple(initial_peers), path=path,
+                     device=device, data_dir=data_dir or "", host_maddrs=tuple(host_maddrs),
+                     checkpoint_dir=checkpoint_dir or "", ready_file=ready_file or "",
+                     status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed)
+    n = Node(cfg)
+    n.install_signal_handlers()
+    try:
+        sys.exit(n.run())
+    except RuntimeError as e:
+        if "bootstrap failed" in str(e) or "initial_peers" in str(e):
+            raise ValueError(f"none of the initial peers answered ({', '.join(initial_peers)}); check the "
+                             "addresses, that a peer is running there, and your firewall") from None
+        raise
+
+
+@main.command()
+@click.option("--swarm", "spec_path", required=True, type=click.Path(dir_okay=False), help="The swarm's spec (TOML).")
+@click.option("--host-maddr", "host_maddrs", multiple=True, default=("/ip4/127.0.0.1/tcp/0",), show_default=True,
+              help="Where to listen, e.g. /ip4/0.0.0.0/tcp/31337 for peers on other machines.")
+@click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
+              help="Write JSON (peer id, multiaddrs) here once the peer is up.")
+@friendly
+def bootstrap(spec_path: str, host_maddrs: tuple[str, ...], ready_file: str | None) -> None:
+    """Run a DHT-only peer that nodes join the swarm through (trains nothing)."""
+    from pathswarm.bootstrap.peer import run_bootstrap
+
+    sys.exit(run_bootstrap(_load_spec_option(spec_path), list(host_maddrs), ready_file or ""))
+
+
 # ---- demo ----------------------------------------------------------------------------------------
 @main.command()
-@click.option("--rounds", type=int, default=4, show_default=True, help="Outer rounds.")
+@click.option("--nodes", type=int, default=4, show_default=True, help="Node processes to start (one per path of 2x2).")
+@click.option("--rounds", type=int, default=4, show_default=True, help="Outer rounds each node trains.")
 @click.option("--inner-steps", type=int, default=40, show_default=True, help="H inner steps per round.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/demo", show_default=True,
-              help="Directory for the spec, checkpoint, JSON and plot.")
+              help="Directory for the spec, logs, checkpoints, JSON and plot.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="JSON summary path (default: OUT/demo.json).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="PNG of validation loss per path (default: OUT/demo.png).")
+              help="PNG of loss curves per node and path (default: OUT/demo.png).")
+@click.option("--simulated", is_flag=True, help="Run the same algorithm in one process, without networking.")
 @friendly
-def demo(rounds: int, inner_steps: int, out_dir: str, json_path: str | None, plot_path: str | None) -> None:
-    """A short 2x2 DiPaCo swarm on the BBC News corpus, simulated in one process (a few minutes)."""
-    from pathswarm.node.demo import run_demo
+def demo(nodes: int, rounds: int, inner_steps: int, out_dir: str, json_path: str | None, plot_path: str | None,
+         simulated: bool) -> None:
+    """A real local swarm: a bootstrap peer and N nodes on 127.0.0.1 train a 2x2 DiPaCo model on BBC News."""
+    from pathswarm.node import demo as demo_mod
 
-    run_demo(rounds=rounds, inner_steps=inner_steps, out_dir=Path(out_dir),
-             json_path=Path(json_path) if json_path else None, plot_path=Path(plot_path) if plot_path else None)
+    if nodes <= 0 or rounds <= 0 or inner_steps <= 0:
+        raise click.BadParameter("--nodes, --rounds and --inner-steps must be positive")
+    json_p, plot_p = (Path(json_path) if json_path else None), (Path(plot_path) if plot_path else None)
+    if simulated:
+        demo_mod.run_simulated_demo(rounds=rounds, inner_steps=inner_steps, out_dir=Path(out_dir), json_path=json_p,
+                                    plot_path=plot_p)
+    else:
+        demo_mod.run_demo(nodes=nodes, rounds=rounds, inner_steps=inner_steps, out_dir=Path(out_dir),
+                          json_path=json_p, plot_path=plot_p)
 
 
 # ---- inference -----------------------------------------------------------------------------------

@@ -175,8 +175,8 @@ class CodecSpec:
 class AveragingSpec:
     """Rules of a module group's outer round: quorum, grace window, claim lifetime."""
 
-    min_group: int = 2
-    """A round closes as soon as this many holders of the module are in."""
+    min_group: int = 64
+    """A round closes as soon as this many holders of the module (or every live holder, if fewer) are in."""
     grace_s: float = 10.0
     """Or when this many seconds have passed; a node alone applies its own outer gradient."""
     timeout_s: float = 60.0

@@ -1,0 +1,165 @@
+"""A real swarm on this machine: one bootstrap DHT peer and N node processes on 127.0.0.1.
+
+Used by `pathswarm demo`, the end-to-end tests and the benchmarks. Every process is a real
+`pathswarm` CLI subprocess talking over hivemind's p2pd on loopback; processes synchronise through
+their ready and status files, never through sleeps, and every process started here is stopped
+(SIGTERM, then SIGKILL) when the swarm is closed, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class SwarmError(RuntimeError):
+    """A process of the local swarm failed to start or died unexpectedly."""
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+class LocalSwarm:
+    def __init__(self, spec_path: str | Path, workdir: str | Path, threads: int = 1, debug: bool = False):
+        self.spec_path = str(spec_path)
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.threads = threads
+        self.debug = debug
+        self.bootstrap: subprocess.Popen | None = None
+        self.maddr = ""
+        self.nodes: dict[str, subprocess.Popen] = {}
+        self._logs: list = []
+
+    # ---- processes ---------------------------------------------------------------------------
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.workdir / f"{name}.log", "ab")
+        self._logs.append(log)
+        cmd = [sys.executable, "-m", "pathswarm", *(["--debug"] if self.debug else []), *args]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(self.threads)}
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def start_bootstrap(self, timeout_s: float = 60.0) -> str:
+        ready = self.workdir / "bootstrap.ready.json"
+        ready.unlink(missing_ok=True)
+        self.bootstrap = self._spawn("bootstrap", ["bootstrap", "--swarm", self.spec_path, "--ready-file", str(ready)])
+        info = self._wait_file(ready, self.bootstrap, "bootstrap", timeout_s)
+        self.maddr = info["maddrs"][0]
+        return self.maddr
+
+    def node_files(self, name: str) -> dict[str, Path]:
+        return {k: self.workdir / f"{name}.{k}" for k in ("ready.json", "status.json")} | {
+            "checkpoint": self.workdir / f"{name}-checkpoint"}
+
+    def start_node(self, name: str, path: str = "auto", max_rounds: int = 0, extra: list[str] | None = None,
+                   seed: int = 0) -> subprocess.Popen:
+        files = self.node_files(name)
+        files["ready.json"].unlink(missing_ok=True)
+        args = ["node", "run", "--swarm", self.spec_path, "--initial-peer", self.maddr, "--path", path,
+                "--threads", str(self.threads), "--max-rounds", str(max_rounds), "--seed", str(seed),
+                "--ready-file", str(files["ready.json"]), "--status-file", str(files["status.json"]),
+                "--checkpoint-dir", str(files["checkpoint"]), *(extra or [])]
+        proc = self._spawn(name, args)
+        self.nodes[name] = proc
+        return proc
+
+    def wait_ready(self, name: str, timeout_s: float = 120.0) -> dict:
+        return self._wait_file(self.node_files(name)["ready.json"], self.nodes[name], name, timeout_s)
+
+    def _wait_file(self, path: Path, proc: subprocess.Popen, name: str, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            info = read_json(path)
+            if info is not None:
+                return info
+            if proc.poll() is not None:
+                raise SwarmError(f"{name} exited with code {proc.returncode} before it was ready; see "
+                                 f"{self.workdir / (name + '.log')}: {self.tail(name)}")
+            time.sleep(0.1)
+        raise SwarmError(f"{name} was not ready after {timeout_s:.0f} s; see {self.workdir / (name + '.log')}")
+
+    def tail(self, name: str, lines: int = 3) -> str:
+        try:
+            text = (self.workdir / f"{name}.log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(text[-lines:])
+
+    def status(self, name: str) -> dict | None:
+        return read_json(self.node_files(name)["status.json"])
+
+    def running(self) -> list[str]:
+        return [n for n, p in self.nodes.items() if p.poll() is None]
+
+    def signal(self, name: str, sig: int) -> None:
+        proc = self.nodes[name]
+        if proc.poll() is None:
+            os.kill(proc.pid, sig)
+
+    def wait_nodes(self, names: list[str] | None = None, timeout_s: float = 600.0, on_tick=None) -> dict[str, int]:
+        names = names or list(self.nodes)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if on_tick is not None:
+                on_tick()
+            if all(self.nodes[n].poll() is not None for n in names):
+                return {n: self.nodes[n].returncode for n in names}
+            time.sleep(0.5)
+        raise SwarmError(f"nodes {', '.join(n for n in names if self.nodes[n].poll() is None)} still running "
+                         f"after {timeout_s:.0f} s")
+
+    def close(self, grace_s: float = 10.0) -> None:
+        procs = [p for p in [*self.nodes.values(), self.bootstrap] if p is not None]
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(5)
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+
+    def __enter__(self) -> LocalSwarm:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def replicas_identical(statuses: list[dict]) -> tuple[bool, int]:
+    """True when every (module, round) digest reported by any two nodes agrees; also the count compared."""
+    seen: dict[tuple[str, str], str] = {}
+    compared, ok = 0, True
+    for st in statuses:
+        for mid, rounds in (st.get("history") or {}).items():
+            for r, digest in rounds.items():
+                key = (mid, r)
+                if key in seen:
+                    compared += 1
+                    ok &= seen[key] == digest
+                else:
+                    seen[key] = digest
+    return ok, compared

@@ -1,0 +1,511 @@
+"""A pathswarm node: join the DHT, claim a path, sync its modules, train, average each module with its holders.
+
+The round, as straight code in `Node.train_loop`:
+  1. H inner AdamW steps on the documents routed to our path (`PathWorker.train_inner`);
+  2. for every module of the path: outer gradient → codec frame (error feedback) → sent to the
+     module's reducer for this round (protocol/exchange.py), in the background;
+  3. the next H inner steps start at once; when a round's mean lands (checked between inner steps)
+     the outer Nesterov step is applied to the anchor and the local weights are *shifted* by the
+     anchor's change, so the progress made meanwhile is kept (decoupled, as in Decoupled DiLoCo):
+       merged: local ← new_anchor + (local_now − local_when_sent)   (our Δ is in the mean)
+       late:   local ← new_anchor + (local_now − old_anchor)         (our Δ stays for next round)
+     a failed round applies nothing: the anchor stays, so the next Δ still contains this one;
+  4. once every module's round is settled: atomic checkpoint, module announcements, metrics.
+Before sending round r+1 the node waits (bounded) for round r's results: one exchange in flight.
+
+SIGINT/SIGTERM: stop at the next inner step, settle or abandon the round in flight, checkpoint the
+last complete round, withdraw the claim, exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from pathswarm.compression import decode
+from pathswarm.node.checkpoint import CheckpointError, ModuleState, load_checkpoint, save_checkpoint
+from pathswarm.node.data import DataSpec, TokenSampler, load_documents, split
+from pathswarm.node.inner import evaluate_loss
+from pathswarm.node.outer import OuterState, state_digest
+from pathswarm.node.router import route_many
+from pathswarm.node.worker import PathWorker
+from pathswarm.protocol.spec import SwarmSpec, format_path, parse_path
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything `pathswarm node run` needs."""
+
+    spec: SwarmSpec
+    initial_peers: tuple[str, ...] = ()
+    """Multiaddrs of DHT peers to join (empty: start a new DHT)."""
+    path: str = "auto"
+    """'auto' (least-served path) or a path like '0.1'."""
+    device: str = "auto"
+    """'auto' (CUDA when present), 'cpu' or 'cuda'."""
+    data_dir: str = ""
+    """Train on this directory's .txt/.jsonl documents instead of the spec's corpus."""
+    host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
+    """Where p2pd listens."""
+    checkpoint_dir: str = ""
+    """Checkpoint root ('' for none)."""
+    ready_file: str = ""
+    """Write a JSON with peer id, addresses and path here once the node trains."""
+    status_file: str = ""
+    """Rewrite a JSON with the node's progress here after every round."""
+    max_rounds: int = 0
+    """Stop after this many outer rounds (0: run until stopped)."""
+    threads: int = 0
+    """torch CPU threads (0: torch's default)."""
+    eval_batches: int = 4
+    """Validation batches for the loss reported at start and end."""
+    seed: int = 0
+    """Seed of this node's data stream."""
+
+
+@dataclass
+class _InFlight:
+    future: object
+    local_when_sent: torch.Tensor
+    feedback_before: dict
+
+
+@dataclass
+class NodeStatus:
+    peer_id: str = ""
+    path: str = ""
+    round: int = 0
+    inner_step: int = 0
+    loss: float = float("nan")
+    tokens_per_s: float = 0.0
+    tokens_trained: int = 0
+    tokens_merged: int = 0
+    last_group: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    val_loss_before: float = float("nan")
+    val_loss_after: float = float("nan")
+    rounds_failed: int = 0
+    digests: dict[str, str] = field(default_factory=dict)
+    module_rounds: dict[str, int] = field(default_factory=dict)
+    loss_curve: list[float] = field(default_factory=list)
+    """Mean training loss of the last inner steps of every round."""
+    history: dict[str, dict[str, str]] = field(default_factory=dict)
+    """module → outer round → digest after that round: replicas must agree on every entry."""
+    state: str = "starting"
+
+
+class Node:
+    def __init__(self, cfg: NodeConfig):
+        self.cfg = cfg
+        self.spec = cfg.spec
+        self.stop_event = threading.Event()
+        self.status = NodeStatus()
+        self.in_flight: dict[str, _InFlight] = {}
+        self.local_states: dict = {}
+        self.resync_from: dict[str, str] = {}
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        def handler(signum, frame):
+            logger.info("signal %d: finishing the round and leaving the swarm", signum)
+            self.stop_event.set()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def run(self) -> int:
+        from pathswarm.node.netloop import NetLoop
+        from pathswarm.protocol.dht import start_dht
+        from pathswarm.protocol.exchange import ModuleExchange
+        from pathswarm.protocol.wire import Traffic
+
+        if self.cfg.threads:
+            torch.set_num_threads(self.cfg.threads)
+        device = self._device()
+        if device != "cpu":
+            logger.warning("device %s requested; this version trains on the CPU", device)
+        spec = self.spec
+        docs = load_documents(DataSpec(corpus="dir", path=self.cfg.data_dir) if self.cfg.data_dir else spec.data)
+        train, val = split(docs, spec.data.val_fraction)
+        self.sdht = start_dht(list(self.cfg.initial_peers), list(self.cfg.host_maddrs), spec=spec)
+        self.net = NetLoop()
+        try:
+            self.status.peer_id = self.sdht.peer_id
+            path = self._choose_path()
+            if self.cfg.path == "auto":
+                path = self._settle_path(path)
+            self.status.path = format_path(path)
+            mine = self._routed(train, path)
+            sampler = TokenSampler(mine, spec.model.context_len, seed=self.cfg.seed)
+            self.worker = PathWorker(spec, path, lambda: sampler.sample(spec.inner.batch_size), name=self.sdht.peer_id)
+            self.traffic = Traffic()
+            numels = {mid: self.worker.outer[mid].anchor.numel() for mid in self.worker.module_ids}
+            p2p = self.net.run(self.sdht.dht.replicate_p2p(), 30)
+            self.exchange = ModuleExchange(spec, p2p, self.sdht.peer_id, numels, self.local_states.get,
+                                           _post_digest(spec), self.traffic)
+            self.net.run(self.exchange.start(), 30)
+            self._initial_sync()
+            self._claim()
+            val_docs = self._routed(val, path, allow_empty=True) or val
+            self.val_batches = list(TokenSampler(val_docs, spec.model.context_len, seed=0)
+                                    .eval_batches(spec.inner.batch_size, self.cfg.eval_batches))
+            self.status.val_loss_before = evaluate_loss(self.worker.model, self.val_batches)[0]
+            self._write_ready()
+            heartbeat = threading.Thread(target=self._heartbeat, name="pathswarm-heartbeat", daemon=True)
+            heartbeat.start()
+            self.status.state = "training"
+            self.train_loop()
+            self.status.val_loss_after = evaluate_loss(self.worker.model, self.val_batches)[0]
+            self.status.state = "stopped"
+            self._save()
+            self._write_status()
+            return 0
+        finally:
+            self._leave()
+
+    def _device(self) -> str:
+        if self.cfg.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.cfg.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available")
+        return self.cfg.device
+
+    def _routed(self, docs, path, allow_empty: bool = False):
+        idx = self.spec.index_of_path(path)
+        assign = route_many([d.text for d in docs], self.spec.router)
+        mine = [d for d, a in zip(docs, assign, strict=True) if int(a) == idx]
+        if not mine and not allow_empty:
+            raise ValueError(f"no documents are routed to path {format_path(path)} in this corpus")
+        return mine
+
+    # ---- path and claims ---------------------------------------------------------------------
+    def _choose_path(self) -> tuple[int, ...]:
+        from hivemind.utils import get_dht_time
+
+        from pathswarm.protocol.dht import read_claims
+        from pathswarm.protocol.path_choice import choose_path
+
+        if self.cfg.path != "auto":
+            return parse_path(self.cfg.path, self.spec)
+        claims = read_claims(self.sdht, self.spec)
+        return tuple(choose_path(self.spec, claims, 0.0, self.sdht.peer_id, get_dht_time()))
+
+    def _settle_path(self, path: tuple[int, ...], wait_s: float = 1.5) -> tuple[int, ...]:
+        """Nodes that join at the same moment see the same claims and may pick the same path: claim,
+        wait a moment, re-read, and give the path up to a peer with a smaller id if a path is left
+        with less service (the peer with the smaller id keeps it, so exactly one of them moves)."""
+        from hivemind.utils import get_dht_time
+
+        from pathswarm.protocol.dht import publish_claim, read_claims, withdraw_claim
+        from pathswarm.protocol.path_choice import choose_path
+        from pathswarm.protocol.records import PathClaim
+
+        claim = publish_claim(self.sdht, self.spec, PathClaim(path=path, peer_id=self.sdht.peer_id, tokens_per_s=0.0,
+                                                              round=0, expires_at=0.0))
+        self.stop_event.wait(wait_s)
+        claims = read_claims(self.sdht, self.spec)
+        rivals = [c for c in claims if tuple(c.path) == path and c.peer_id < self.sdht.peer_id]
+        if rivals:
+            others = [c for c in claims if c.peer_id != self.sdht.peer_id]
+            better = tuple(choose_path(self.spec, others, 0.0, self.sdht.peer_id, get_dht_time()))
+            if better != path:
+                logger.info("path %s is taken by %s; moving to %s", format_path(path), rivals[0].peer_id[-8:],
+                            format_path(better))
+                if claim is not None:
+                    withdraw_claim(self.sdht, self.spec, claim)
+                return better
+        return path
+
+    def _claim(self) -> None:
+        from pathswarm.protocol.dht import publish_claim
+        from pathswarm.protocol.records import PathClaim
+
+        claim = PathClaim(path=self.worker.path, peer_id=self.sdht.peer_id, tokens_per_s=self.status.tokens_per_s,
+                          round=self.status.round, expires_at=0.0)
+        self.claim = publish_claim(self.sdht, self.spec, claim) or claim
+        self._refresh_holders()
+
+    def _refresh_holders(self) -> None:
+        from pathswarm.protocol.dht import read_claims
+
+        claims = read_claims(self.sdht, self.spec)
+        holders: dict[str, set[str]] = {mid: {self.sdht.peer_id} for mid in self.worker.module_ids}
+        for c in claims:
+            for mid in self.spec.module_ids(tuple(c.path)):
+                if mid in holders:
+                    holders[mid].add(c.peer_id)
+        self.holders = {mid: sorted(peers) for mid, peers in holders.items()}
+        for mid, peers in self.holders.items():
+            self.exchange.expected_holders[mid] = len(peers)
+
+    def _heartbeat(self) -> None:
+        period = max(1.0, self.spec.averaging.claim_ttl_s / 3)
+        while not self.stop_event.wait(period):
+            try:
+                self._claim()
+            except Exception as e:  # a DHT hiccup must not kill training; the next beat retries
+                logger.warning("heartbeat failed: %s", e)
+
+    # ---- state sync --------------------------------------------------------------------------
+    def _publish_local(self, mid: str) -> None:
+        from pathswarm.protocol.exchange import LocalState
+
+        st = self.worker.outer[mid]
+        self.local_states[mid] = LocalState(st.round, st.digest(), st.anchor.clone(), st.momentum.clone())
+        self.status.digests[mid] = st.digest()
+        self.status.module_rounds[mid] = st.round
+
+    def _initial_sync(self) -> None:
+        """Newest state of every module: from a peer, else our checkpoint, else the seed init."""
+        from pathswarm.protocol.dht import read_module_holders
+
+        ckpt = None
+        if self.cfg.checkpoint_dir:
+            try:
+                ckpt = load_checkpoint(self.cfg.checkpoint_dir, self.spec, self.worker.module_ids)
+            except CheckpointError as e:
+                logger.info("no usable checkpoint (%s)", e)
+        for mid in self.worker.module_ids:
+            source = "seed"
+            if ckpt is not None:
+                self.worker.restore(mid, ckpt.modules[mid])
+                source = f"checkpoint round {ckpt.modules[mid].round}"
+            for ann in read_module_holders(self.sdht, self.spec, mid):
+                if ann.peer_id == self.sdht.peer_id or ann.round <= self.worker.outer[mid].round:
+                    break
+                if self._download(mid, ann.peer_id):
+                    source = f"peer {ann.peer_id[-8:]} round {self.worker.outer[mid].round}"
+                    break
+            self._publish_local(mid)
+            logger.info("module %s from %s", mid, source)
+
+    def _download(self, mid: str, peer: str, keep_progress: bool = False) -> bool:
+        got = self.net.run(self.exchange.fetch_state(peer, mid, self.spec.averaging.timeout_s),
+                           self.spec.averaging.timeout_s + 5)
+        if got is None:
+            return False
+        round_, digest, anchor, momentum = got
+        if state_digest(anchor, momentum, round_) != digest:
+            logger.warning("state of %s from %s fails its digest; ignored", mid, peer[-8:])
+            return False
+        old_anchor = self.worker.outer[mid].anchor.clone()
+        progress = self.worker.flat(mid) - old_anchor if keep_progress else None
+        state = ModuleState(weights=_unflatten(self.worker, mid, anchor), momentum=momentum, round=round_)
+        self.worker.restore(mid, state)
+        self.worker.feedback[mid].reset()
+        if progress is not None:
+            self.worker.set_flat(mid, anchor + progress)
+        return True
+
+    # ---- the round loop ----------------------------------------------------------------------
+    def train_loop(self) -> None:
+        spec, H = self.spec, self.spec.inner.steps
+        rounds_sent = 0
+        while not self.stop_event.is_set():
+            t0 = time.perf_counter()
+            losses: list[float] = []
+            for _ in range(H):
+                stats = self.worker.train_inner(1)
+                losses.extend(stats.losses)
+                self.status.inner_step = self.worker.inner_step
+                self.status.loss = losses[-1]
+                if self.worker.inner_step % 10 == 0:
+                    self._write_status()
+                self._poll(block=False)
+                if self.stop_event.is_set():
+                    break
+            elapsed = time.perf_counter() - t0
+            self.status.loss = sum(losses[-10:]) / max(1, len(losses[-10:]))
+            self.status.loss_curve.append(self.status.loss)
+            self.status.tokens_trained += self.worker.round_tokens
+            self.status.tokens_per_s = self.worker.round_tokens / max(elapsed, 1e-9)
+            self._poll(block=True)  # round r-1 must settle before round r is sent
+            if self.stop_event.is_set():
+                break
+            self._refresh_holders_safe()
+            self._send_round()
+            rounds_sent += 1
+            if self.cfg.max_rounds and rounds_sent >= self.cfg.max_rounds:
+                self._poll(block=True)
+                break
+        self._poll(block=True, timeout_s=spec.averaging.grace_s)
+
+    def _refresh_holders_safe(self) -> None:
+        try:
+            self._refresh_holders()
+        except Exception as e:  # keep the last view; the round still runs
+            logger.warning("could not read claims: %s", e)
+
+    def _send_round(self) -> None:
+        tokens = self.worker.round_tokens
+        for mid in self.worker.module_ids:
+            if mid in self.resync_from:
+                continue
+            st = self.worker.outer[mid]
+            feedback_before = self.worker.feedback[mid].state_dict()
+            local = self.worker.flat(mid)
+            frame = self.worker.encode_pseudo_grad(mid)
+            reducer = self.holders[mid][0]
+            timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
+            fut = self.net.submit(self.exchange.contribute(reducer, mid, st.round, tokens, st.digest(), frame, timeout))
+            self.in_flight[mid] = _InFlight(fut, local, feedback_before)
+        self.worker.end_round()
+        self.sent_tokens = tokens
+
+    def _poll(self, block: bool, timeout_s: float | None = None) -> None:
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None
+                                       else self.spec.averaging.grace_s + self.spec.averaging.timeout_s + 5)
+        for mid in list(self.in_flight):
+            item = self.in_flight[mid]
+            if not item.future.done():
+                if not block:
+                    continue
+                try:
+                    item.future.result(max(0.0, deadline - time.monotonic()))
+                except Exception:
+                    pass
+            if not item.future.done():
+                logger.warning("round of %s still open at shutdown; abandoned", mid)
+                self.in_flight.pop(mid)
+                continue
+            self.in_flight.pop(mid)
+            self._settle(mid, item)
+        if not self.in_flight and getattr(self, "_round_dirty", False):
+            self._round_complete()
+        for mid, peer in list(self.resync_from.items()):
+            if self._download(mid, peer, keep_progress=True):
+                logger.info("re-synced %s from %s at round %d", mid, peer[-8:], self.worker.outer[mid].round)
+                self._publish_local(mid)
+            self.resync_from.pop(mid)
+
+    def _settle(self, mid: str, item: _InFlight) -> None:
+        result = item.future.result()
+        self._round_dirty = True
+        st = self.worker.outer[mid]
+        logger.debug("module %s round %d: %s with %d contributors (%s)", mid, result.round, result.status,
+                     len(result.contributors), result.reason)
+        self.status.history.setdefault(mid, {})
+        if result.applicable and result.round == st.round:
+            avg = decode(result.mean_frame, max_elements=st.anchor.numel()).reshape(-1)
+            old_anchor = st.anchor.clone()
+            st.apply(avg, self.spec.outer)
+            if result.digest_after and st.digest() != result.digest_after:
+                logger.error("module %s round %d: digest %s != group's %s; re-syncing", mid, result.round,
+                             st.digest(), result.digest_after)
+                self.resync_from[mid] = self.holders[mid][0]
+            base = item.local_when_sent if result.status in ("merged", "alone") else old_anchor
+            self.worker.set_flat(mid, st.anchor + (self.worker.flat(mid) - base))
+            if result.status == "late":
+                self.worker.feedback[mid].load_state_dict(item.feedback_before)
+            if mid == "shared":
+                self.status.last_group = len(result.contributors)
+                if result.status in ("merged", "alone"):
+                    self.status.tokens_merged += self.sent_tokens
+            self._publish_local(mid)
+            self.status.history[mid][str(st.round)] = st.digest()
+            return
+        self.worker.feedback[mid].load_state_dict(item.feedback_before)
+        self.status.rounds_failed += 1
+        logger.warning("module %s round %d: %s (%s)", mid, st.round, result.status, result.reason)
+        if result.status == "out_of_sync":
+            self.resync_from[mid] = self.holders[mid][0]
+        elif result.status == "behind":
+            pass  # the reducer re-syncs itself; our outer gradient waits for the next round
+
+    def _round_complete(self) -> None:
+        self._round_dirty = False
+        self.status.round += 1
+        self.status.bytes_sent, self.status.bytes_received = self.traffic.sent, self.traffic.received
+        for mid, peer in list(self.exchange.behind.items()):
+            self.resync_from[mid] = peer
+            self.exchange.behind.pop(mid, None)
+        self._save()
+        self._announce()
+        self._write_status()
+        logger.info("round %d: loss %.4f, %.0f tok/s, group %d, sent %d B, received %d B", self.status.round,
+                    self.status.loss, self.status.tokens_per_s, self.status.last_group, self.status.bytes_sent,
+                    self.status.bytes_received)
+
+    # ---- outputs -----------------------------------------------------------------------------
+    def _save(self) -> None:
+        if self.cfg.checkpoint_dir and hasattr(self, "worker"):
+            round_ = max(st.round for st in self.worker.outer.values())
+            save_checkpoint(self.cfg.checkpoint_dir, self.spec, round_,
+                            {mid: self.worker.module_state(mid) for mid in self.worker.module_ids})
+
+    def _announce(self) -> None:
+        from pathswarm.protocol.dht import announce_module, publish_metrics
+        from pathswarm.protocol.records import ModuleAnnouncement, NodeMetrics
+
+        ttl = self.spec.averaging.claim_ttl_s * 4
+        try:
+            for mid in self.worker.module_ids:
+                st = self.worker.outer[mid]
+                announce_module(self.sdht, self.spec, ModuleAnnouncement(
+                    module_id=mid, round=st.round, digest=st.digest(), peer_id=self.sdht.peer_id,
+                    numel=st.anchor.numel()), ttl)
+            publish_metrics(self.sdht, self.spec, NodeMetrics(
+                path=self.worker.path, peer_id=self.sdht.peer_id, round=self.status.round,
+                loss=max(0.0, self.status.loss), tokens_per_s=self.status.tokens_per_s,
+                bytes_sent=self.status.bytes_sent, bytes_received=self.status.bytes_received), ttl)
+        except Exception as e:  # announcements are advisory; training goes on
+            logger.warning("could not announce: %s", e)
+
+    def _write_ready(self) -> None:
+        if self.cfg.ready_file:
+            _write_json_atomic(self.cfg.ready_file, {"peer_id": self.sdht.peer_id, "maddrs": self.sdht.visible_maddrs(),
+                                                     "path": self.status.path, "pid": os.getpid()})
+
+    def _write_status(self) -> None:
+        if self.cfg.status_file:
+            _write_json_atomic(self.cfg.status_file, self.status.__dict__)
+
+    def _leave(self) -> None:
+        from pathswarm.protocol.dht import withdraw_claim
+
+        self.stop_event.set()
+        try:
+            if hasattr(self, "claim"):
+                withdraw_claim(self.sdht, self.spec, self.claim)
+        except Exception as e:
+            logger.warning("could not withdraw the claim: %s", e)
+        if hasattr(self, "net"):
+            self.net.stop()
+        if hasattr(self, "sdht"):
+            self.sdht.shutdown()
+
+
+def _post_digest(spec: SwarmSpec):
+    def post(state, avg: torch.Tensor) -> str:
+        copy = OuterState(state.anchor.clone(), state.momentum.clone(), state.round)
+        copy.apply(avg.reshape(-1), spec.outer)
+        return copy.digest()
+
+    return post
+
+
+def _unflatten(worker: PathWorker, mid: str, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    out, offset = {}, 0
+    for name, t in worker.model.module(mid).state_dict().items():
+        out[name] = flat[offset:offset + t.numel()].view_as(t).clone()
+        offset += t.numel()
+    return out
+
+
+def _write_json_atomic(path: str, payload: dict) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
+    os.replace(tmp, p)

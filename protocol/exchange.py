@@ -1,0 +1,286 @@
+"""Module-group outer rounds over hivemind's P2P streams, with bit-identical results for every member.
+
+For each (module, outer round) one holder is the *reducer*: the live holder with the smallest peer id.
+Every holder sends it one codec frame (its outer gradient) with its token count and the digest of
+its state before the round. The reducer closes the round when `min(min_group, live holders)` are in
+or when the grace window since the first contribution ends, merges the frames token-weighted in
+sorted peer-id order, and encodes the mean **once**. Every member, the reducer included, decodes
+those same bytes, so all apply the identical outer step; the reducer also returns the digest the
+state must have afterwards, and a member that disagrees treats the round as failed and re-syncs.
+
+Replies: `merged` (your frame is in the mean), `late` (the round had closed; apply the mean and
+keep your outer gradient for the next round), `out_of_sync` (your state before the round differs
+from the group's: download the module's state), `behind` (the reducer is behind you). A reducer that
+dies just closes the stream: the member's round fails at once and its outer gradient is kept.
+
+Also served: `state` requests, which return a module's anchor, outer momentum and round for joiners.
+Everything received is bounded by the module's size from the spec before it is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from hivemind.p2p import P2P, PeerID
+
+from pathswarm.compression import CodecError, decode, encode
+from pathswarm.protocol.spec import SwarmSpec
+from pathswarm.protocol.wire import Traffic, WireError, field_of, read_message, write_message
+
+logger = logging.getLogger(__name__)
+
+RESULTS_KEPT = 4  # closed rounds a reducer remembers for late members
+
+
+@dataclass(frozen=True)
+class LocalState:
+    """A module's state as of its last applied round: what digests compare and joiners download."""
+
+    round: int
+    digest: str
+    anchor: torch.Tensor
+    momentum: torch.Tensor
+
+
+@dataclass
+class RoundResult:
+    module: str
+    round: int
+    status: str  # merged | late | alone | out_of_sync | behind | failed
+    mean_frame: bytes = b""
+    contributors: list[str] = field(default_factory=list)
+    tokens: int = 0
+    digest_after: str = ""
+    reason: str = ""
+
+    @property
+    def applicable(self) -> bool:
+        return self.status in ("merged", "late", "alone") and bool(self.mean_frame)
+
+
+@dataclass
+class _OpenRound:
+    digest_before: str
+    target: int
+    opened_at: float
+    frames: dict[str, tuple[int, bytes]] = field(default_factory=dict)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    result: RoundResult | None = None
+
+
+class ModuleExchange:
+    """Serves and joins module rounds for one node. All methods run on the node's network event loop."""
+
+    def __init__(self, spec: SwarmSpec, p2p: P2P, peer_id: str, numels: dict[str, int],
+                 state_of: Callable[[str], LocalState | None], post_digest: Callable[[LocalState, torch.Tensor], str],
+                 traffic: Traffic | None = None):
+        self.spec = spec
+        self.p2p = p2p
+        self.peer_id = peer_id
+        self.numels = numels  # module id → parameter count, from the spec: bounds every message
+        self.state_of = state_of
+        self.post_digest = post_digest
+        self.traffic = traffic or Traffic()
+        self.expected_holders: dict[str, int] = {}
+        self.behind: dict[str, str] = {}  # module → a peer that is ahead of us (re-sync from it)
+        self._open: dict[tuple[str, int], _OpenRound] = {}
+        self._closed: dict[tuple[str, int], tuple[str, RoundResult]] = {}
+        prefix = spec.swarm_id[:16]
+        self.contribute_name = f"pathswarm.{prefix}.contribute"
+        self.state_name = f"pathswarm.{prefix}.state"
+
+    async def start(self) -> None:
+        await self.p2p.add_binary_stream_handler(self.contribute_name, self._on_contribute)
+        await self.p2p.add_binary_stream_handler(self.state_name, self._on_state)
+
+    def _frame_limit(self, module: str) -> int:
+        # An int8 frame is ~1 byte per value plus scales and headers; 2× + 64 KiB is a generous cap.
+        return 2 * self.numels[module] + (64 << 10)
+
+    # ---- reducer side ------------------------------------------------------------------------
+    async def _on_contribute(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sender = info.peer_id.to_base58()
+        try:
+            header, _ = await read_message(reader, 0, self.traffic)
+            module = field_of(header, "module", str)
+            if module not in self.numels:
+                raise WireError(f"unknown module {module!r}")
+            # The frame follows in a second message, bounded by this module's size.
+            _, frame = await read_message(reader, self._frame_limit(module), self.traffic)
+            result = await self.reduce(module, field_of(header, "round", int), sender,
+                                       field_of(header, "tokens", int), field_of(header, "digest", str), frame)
+            await self._send_result(writer, result)
+        except (WireError, asyncio.IncompleteReadError, ConnectionError) as e:
+            logger.warning("contribution from %s refused: %s", sender[-8:], e)
+        finally:
+            writer.close()
+
+    async def _send_result(self, writer: asyncio.StreamWriter, r: RoundResult) -> None:
+        header = {"module": r.module, "round": r.round, "status": r.status, "contributors": r.contributors,
+                  "tokens": r.tokens, "digest_after": r.digest_after, "reason": r.reason}
+        await write_message(writer, header, r.mean_frame, self.traffic)
+
+    async def reduce(self, module: str, round_: int, sender: str, tokens: int, digest: str,
+                     frame: bytes) -> RoundResult:
+        """Add one contribution to (module, round) and wait until the round closes."""
+        if tokens <= 0:
+            return RoundResult(module, round_, "failed", reason="non-positive token count")
+        closed = self._closed.get((module, round_))
+        if closed is not None:
+            digest_before, result = closed
+            if digest != digest_before:
+                return RoundResult(module, round_, "out_of_sync", reason="state before the round differs")
+            return RoundResult(module, round_, "late", result.mean_frame, result.contributors, result.tokens,
+                               result.digest_after)
+        mine = self.state_of(module)
+        if mine is None:
+            return RoundResult(module, round_, "failed", reason="reducer does not hold this module")
+        if mine.round > round_:
+            return RoundResult(module, round_, "out_of_sync", reason=f"the group is at round {mine.round}")
+        if mine.round < round_:
+            self.behind[module] = sender
+            return RoundResult(module, round_, "behind", reason=f"reducer is at round {mine.round}")
+        if digest != mine.digest:
+            return RoundResult(module, round_, "out_of_sync", reason="state before the round differs")
+        key = (module, round_)
+        open_round = self._open.get(key)
+        if open_round is None:
+            target = max(1, min(self.spec.averaging.min_group, self.expected_holders.get(module, 1)))
+            open_round = self._open[key] = _OpenRound(mine.digest, target, time.monotonic())
+            asyncio.get_running_loop().create_task(self._close_after_grace(key, open_round))
+        if open_round.result is None:
+            open_round.frames[sender] = (tokens, frame)
+            if len(open_round.frames) >= open_round.target:
+                self._close(key, open_round)
+        await open_round.done.wait()
+        assert open_round.result is not None
+        result = open_round.result
+        status = "merged" if sender in result.contributors else "late"
+        if status == "merged" and len(result.contributors) == 1:
+            status = "alone"
+        return RoundResult(module, round_, status, result.mean_frame, result.contributors, result.tokens,
+                           result.digest_after)
+
+    async def _close_after_grace(self, key: tuple[str, int], open_round: _OpenRound) -> None:
+        await asyncio.sleep(self.spec.averaging.grace_s)
+        if open_round.result is None:
+            self._close(key, open_round)
+
+    def _close(self, key: tuple[str, int], open_round: _OpenRound) -> None:
+        module, round_ = key
+        contributors = sorted(open_round.frames)  # canonical order: every replica sums the same way
+        deltas, weights, used = [], [], []
+        numel = self.numels[module]
+        for peer in contributors:
+            tokens, frame = open_round.frames[peer]
+            try:
+                delta = decode(frame, max_elements=numel).reshape(-1)
+                if delta.numel() != numel or not torch.isfinite(delta).all():
+                    raise CodecError("wrong size or non-finite values")
+            except CodecError as e:
+                logger.warning("dropping %s's frame for %s round %d: %s", peer[-8:], module, round_, e)
+                continue
+            deltas.append(delta)
+            weights.append(tokens)
+            used.append(peer)
+        if deltas:
+            from pathswarm.node.outer import weighted_average  # pure math; imported late to keep layering clear
+
+            mean = weighted_average(deltas, weights)
+            codec = self.spec.codec
+            mean_frame = encode(mean, block_size=codec.block_size, zstd_level=codec.zstd_level)
+            mine = self.state_of(module)
+            digest_after = ""
+            if mine is not None and mine.digest == open_round.digest_before:
+                digest_after = self.post_digest(mine, decode(mean_frame, max_elements=numel))
+            result = RoundResult(module, round_, "merged", mean_frame, used, int(sum(weights)),
+                                 digest_after)
+        else:
+            result = RoundResult(module, round_, "failed", reason="no valid contribution")
+        open_round.result = result
+        open_round.done.set()
+        self._open.pop(key, None)
+        self._closed[key] = (open_round.digest_before, result)
+        for old in sorted(self._closed)[:-RESULTS_KEPT * max(1, len(self.numels))]:
+            self._closed.pop(old, None)
+
+    # ---- member side -------------------------------------------------------------------------
+    async def contribute(self, reducer: str, module: str, round_: int, tokens: int, digest: str, frame: bytes,
+                         timeout_s: float) -> RoundResult:
+        """Send our frame to the round's reducer (ourselves included) and wait for the round's mean."""
+        try:
+            if reducer == self.peer_id:
+                return await asyncio.wait_for(self.reduce(module, round_, reducer, tokens, digest, frame), timeout_s)
+            return await asyncio.wait_for(self._remote_contribute(reducer, module, round_, tokens, digest, frame),
+                                          timeout_s)
+        except TimeoutError:
+            return RoundResult(module, round_, "failed", reason=f"no answer from the reducer in {timeout_s:.0f} s")
+        except (WireError, ConnectionError, OSError, asyncio.IncompleteReadError) as e:
+            return RoundResult(module, round_, "failed", reason=f"reducer unreachable: {e}")
+        except Exception as e:  # p2pd control errors come in several types; a round failing is never fatal
+            return RoundResult(module, round_, "failed", reason=f"{type(e).__name__}: {e}")
+
+    async def _remote_contribute(self, reducer: str, module: str, round_: int, tokens: int, digest: str,
+                                 frame: bytes) -> RoundResult:
+        _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(reducer),
+                                                                      self.contribute_name)
+        try:
+            await write_message(writer, {"module": module, "round": round_, "tokens": tokens, "digest": digest},
+                                b"", self.traffic)
+            await write_message(writer, {}, frame, self.traffic)
+            header, mean_frame = await read_message(reader, self._frame_limit(module), self.traffic)
+        finally:
+            writer.close()
+        status = field_of(header, "status", str)
+        contributors = header.get("contributors") if isinstance(header.get("contributors"), list) else []
+        return RoundResult(module, field_of(header, "round", int), status, mean_frame,
+                           [str(c) for c in contributors[:1024]], int(header.get("tokens") or 0),
+                           str(header.get("digest_after") or ""), str(header.get("reason") or "")[:200])
+
+    # ---- state download ----------------------------------------------------------------------
+    async def _on_state(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            header, _ = await read_message(reader, 0, self.traffic)
+            module = field_of(header, "module", str)
+            state = self.state_of(module) if module in self.numels else None
+            if state is None:
+                await write_message(writer, {"status": "missing"}, b"", self.traffic)
+                return
+            payload = torch.cat([state.anchor.float(), state.momentum.float()]).numpy().tobytes()
+            await write_message(writer, {"status": "ok", "round": state.round, "digest": state.digest},
+                                payload, self.traffic)
+        except (WireError, ConnectionError, asyncio.IncompleteReadError) as e:
+            logger.warning("state request from %s failed: %s", info.peer_id.to_base58()[-8:], e)
+        finally:
+            writer.close()
+
+    async def fetch_state(self, peer: str, module: str, timeout_s: float) -> tuple[int, str, torch.Tensor,
+                                                                                     torch.Tensor] | None:
+        """Download a module's (round, digest, anchor, momentum) from a peer; None if it fails."""
+        numel = self.numels[module]
+
+        async def go():
+            _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer), self.state_name)
+            try:
+                await write_message(writer, {"module": module}, b"", self.traffic)
+                return await read_message(reader, 8 * numel, self.traffic)
+            finally:
+                writer.close()
+
+        try:
+            header, payload = await asyncio.wait_for(go(), timeout_s)
+        except Exception as e:  # unreachable peer, timeout, malformed message: try another source
+            logger.info("state download of %s from %s failed: %s", module, peer[-8:], e)
+            return None
+        if header.get("status") != "ok" or len(payload) != 8 * numel:
+            return None
+        values = torch.frombuffer(bytearray(payload), dtype=torch.float32)
+        anchor, momentum = values[:numel].clone(), values[numel:].clone()
+        if not (torch.isfinite(anchor).all() and torch.isfinite(momentum).all()):
+            return None
+        return int(header.get("round") or 0), str(header.get("digest") or ""), anchor, momentum

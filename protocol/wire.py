@@ -1,0 +1,91 @@
+"""Framing of pathswarm's peer-to-peer messages over libp2p streams, bounded before allocation.
+
+A message is `magic(4) | header_len(u32) | payload_len(u64) | header JSON | payload bytes`. The
+reader checks both lengths against the caller's limits *before* reading the bodies, so a peer
+cannot make us allocate more than we agreed to (hivemind's own `receive_raw_data` has no bound).
+Every byte sent and received is counted in a `Traffic`, which is what the wire benchmark reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+MAGIC = b"PSW1"
+_PREFIX = struct.Struct("<4sIQ")
+MAX_HEADER_BYTES = 16 * 1024
+
+
+class WireError(ValueError):
+    """A peer sent a malformed, oversized or truncated message."""
+
+
+@dataclass
+class Traffic:
+    """Bytes this process sent and received on pathswarm streams (thread-safe counters)."""
+
+    sent: int = 0
+    received: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, sent: int = 0, received: int = 0) -> None:
+        with self._lock:
+            self.sent += sent
+            self.received += received
+
+
+async def write_message(writer: asyncio.StreamWriter, header: dict[str, Any], payload: bytes | memoryview = b"",
+                        traffic: Traffic | None = None) -> None:
+    head = json.dumps(header, separators=(",", ":")).encode()
+    if len(head) > MAX_HEADER_BYTES:
+        raise WireError(f"header of {len(head)} bytes exceeds {MAX_HEADER_BYTES}")
+    prefix = _PREFIX.pack(MAGIC, len(head), len(payload))
+    writer.write(prefix)
+    writer.write(head)
+    view = memoryview(payload)
+    for off in range(0, len(view), 1 << 16):
+        writer.write(view[off:off + (1 << 16)])
+    await writer.drain()
+    if traffic is not None:
+        traffic.add(sent=len(prefix) + len(head) + len(payload))
+
+
+async def read_message(reader: asyncio.StreamReader, max_payload: int,
+                       traffic: Traffic | None = None) -> tuple[dict[str, Any], bytes]:
+    try:
+        prefix = await reader.readexactly(_PREFIX.size)
+    except asyncio.IncompleteReadError as e:
+        raise WireError("connection closed before a message arrived") from e
+    magic, head_len, payload_len = _PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise WireError(f"bad magic {magic!r}")
+    if head_len > MAX_HEADER_BYTES:
+        raise WireError(f"header of {head_len} bytes exceeds {MAX_HEADER_BYTES}")
+    if payload_len > max_payload:
+        raise WireError(f"payload of {payload_len} bytes exceeds the limit of {max_payload}")
+    try:
+        head = await reader.readexactly(head_len)
+        payload = await reader.readexactly(payload_len) if payload_len else b""
+    except asyncio.IncompleteReadError as e:
+        raise WireError("message truncated") from e
+    if traffic is not None:
+        traffic.add(received=_PREFIX.size + head_len + payload_len)
+    try:
+        header = json.loads(head)
+    except ValueError as e:
+        raise WireError(f"header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise WireError("header is not a JSON object")
+    return header, payload
+
+
+def field_of(header: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    """A header field of the expected type, else WireError (bool is not an int here)."""
+    value = header.get(name)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise WireError(f"header field {name!r} missing or of the wrong type")
+    return value
