@@ -205,10 +205,12 @@ def node() -> None:
 @click.option("--max-rounds", type=int, default=0, show_default=True, help="Stop after N outer rounds (0: never).")
 @click.option("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of this node's data stream.")
+@click.option("--wait-peers", type=int, default=0, show_default=True,
+              help="Before training, wait up to 2 minutes until this many nodes (us included) have claimed paths.")
 @friendly
 def node_run(spec_path: str, initial_peers: tuple[str, ...], path: str, device: str, data_dir: str | None,
              host_maddrs: tuple[str, ...], checkpoint_dir: str | None, ready_file: str | None,
-             status_file: str | None, max_rounds: int, threads: int, seed: int) -> None:
+             status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int) -> None:
     """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly)."""
     from pathswarm.node.runtime import Node, NodeConfig
 
@@ -217,7 +219,8 @@ def node_run(spec_path: str, initial_peers: tuple[str, ...], path: str, device: 
     cfg = NodeConfig(spec=_load_spec_option(spec_path), initial_peers=tuple(initial_peers), path=path,
                      device=device, data_dir=data_dir or "", host_maddrs=tuple(host_maddrs),
                      checkpoint_dir=checkpoint_dir or "", ready_file=ready_file or "",
-                     status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed)
+                     status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
+                     wait_peers=wait_peers)
     n = Node(cfg)
     n.install_signal_handlers()
     try:

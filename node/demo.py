@@ -172,7 +172,7 @@ def run_demo(nodes: int, rounds: int, inner_steps: int, out_dir: Path, json_path
     with LocalSwarm(spec_path, out_dir / "swarm") as swarm:
         console.print(f"bootstrap peer at {swarm.start_bootstrap()}")
         for i, name in enumerate(names):
-            swarm.start_node(name, path="auto", max_rounds=rounds, seed=i)
+            swarm.start_node(name, path="auto", max_rounds=rounds, seed=i, extra=["--wait-peers", str(nodes)])
         with Live(_node_table(swarm, names), console=console, refresh_per_second=2) as live:
             codes = swarm.wait_nodes(names, timeout_s=3600, on_tick=lambda: live.update(_node_table(swarm, names)))
             live.update(_node_table(swarm, names))

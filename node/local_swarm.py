@@ -131,13 +131,18 @@ class LocalSwarm:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
+        # Each process leads its own group, which also holds its DHT process and p2pd daemon: kill
+        # the whole group even when the leader is gone (a SIGKILLed node leaves its p2pd orphaned).
         for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
             if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 p.wait(5)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(_group_alive(p.pid) for p in procs):
+            time.sleep(0.05)
         for log in self._logs:
             log.close()
         self._logs.clear()
@@ -149,14 +154,27 @@ class LocalSwarm:
         self.close()
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
 def replicas_identical(statuses: list[dict]) -> tuple[bool, int]:
-    """True when every (module, round) digest reported by any two nodes agrees; also the count compared."""
-    seen: dict[tuple[str, str], str] = {}
+    """Did all members of every module round end it with the same digest?
+
+    A round is identified by (module, round number, contributors): every node that applied that
+    round's mean (merged or late) reports one digest for it, and they must all be equal. Returns the
+    verdict and how many digests were compared against another node's."""
+    seen: dict[tuple, str] = {}
     compared, ok = 0, True
     for st in statuses:
+        groups = st.get("groups") or {}
         for mid, rounds in (st.get("history") or {}).items():
             for r, digest in rounds.items():
-                key = (mid, r)
+                key = (mid, r, tuple(sorted(groups.get(mid, {}).get(r, []))))
                 if key in seen:
                     compared += 1
                     ok &= seen[key] == digest

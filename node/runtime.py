@@ -71,6 +71,10 @@ class NodeConfig:
     """Validation batches for the loss reported at start and end."""
     seed: int = 0
     """Seed of this node's data stream."""
+    wait_peers: int = 0
+    """Before training, wait (at most wait_peers_timeout_s) until this many nodes, us included, claim paths."""
+    wait_peers_timeout_s: float = 120.0
+    """How long to wait for wait_peers before training anyway."""
 
 
 @dataclass
@@ -100,6 +104,8 @@ class NodeStatus:
     module_rounds: dict[str, int] = field(default_factory=dict)
     loss_curve: list[float] = field(default_factory=list)
     """Mean training loss of the last inner steps of every round."""
+    groups: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    """module → outer round → the peers whose outer gradients were merged in that round."""
     history: dict[str, dict[str, str]] = field(default_factory=dict)
     """module → outer round → digest after that round: replicas must agree on every entry."""
     state: str = "starting"
@@ -155,15 +161,16 @@ class Node:
             self.exchange = ModuleExchange(spec, p2p, self.sdht.peer_id, numels, self.local_states.get,
                                            _post_digest(spec), self.traffic)
             self.net.run(self.exchange.start(), 30)
-            self._initial_sync()
             self._claim()
+            self._wait_for_peers()
+            self._initial_sync()
             val_docs = self._routed(val, path, allow_empty=True) or val
             self.val_batches = list(TokenSampler(val_docs, spec.model.context_len, seed=0)
                                     .eval_batches(spec.inner.batch_size, self.cfg.eval_batches))
             self.status.val_loss_before = evaluate_loss(self.worker.model, self.val_batches)[0]
             self._write_ready()
-            heartbeat = threading.Thread(target=self._heartbeat, name="pathswarm-heartbeat", daemon=True)
-            heartbeat.start()
+            self.heartbeat = threading.Thread(target=self._heartbeat, name="pathswarm-heartbeat", daemon=True)
+            self.heartbeat.start()
             self.status.state = "training"
             self.train_loop()
             self.status.val_loss_after = evaluate_loss(self.worker.model, self.val_batches)[0]
@@ -240,22 +247,45 @@ class Node:
         from pathswarm.protocol.dht import read_claims
 
         claims = read_claims(self.sdht, self.spec)
-        holders: dict[str, set[str]] = {mid: {self.sdht.peer_id} for mid in self.worker.module_ids}
+        me = self.sdht.peer_id
+        holders: dict[str, set[str]] = {mid: {me} for mid in self.worker.module_ids}
+        # Reducer candidates: holders that have completed a round. A node that just joined (its claim
+        # says round 0) is not chosen until it has trained a round with the group: otherwise it could
+        # reduce a round while still downloading state, and split the group in two.
+        seasoned: dict[str, set[str]] = {mid: ({me} if self.status.round > 0 else set()) for mid in holders}
         for c in claims:
             for mid in self.spec.module_ids(tuple(c.path)):
                 if mid in holders:
                     holders[mid].add(c.peer_id)
+                    if c.round > 0:
+                        seasoned[mid].add(c.peer_id)
         self.holders = {mid: sorted(peers) for mid, peers in holders.items()}
+        self.reducers = {mid: min(seasoned[mid] or holders[mid]) for mid in holders}
         for mid, peers in self.holders.items():
             self.exchange.expected_holders[mid] = len(peers)
+
+    def _wait_for_peers(self) -> None:
+        if self.cfg.wait_peers <= 1:
+            return
+        deadline = time.monotonic() + self.cfg.wait_peers_timeout_s
+        while not self.stop_event.is_set() and time.monotonic() < deadline:
+            self._refresh_holders()
+            nodes = len(set().union(*map(set, self.holders.values())) if self.holders else set())
+            if nodes >= self.cfg.wait_peers:
+                return
+            self.stop_event.wait(0.5)
+        logger.warning("only some of the %d peers waited for are here; training anyway", self.cfg.wait_peers)
+
+    def _claim_safe(self) -> None:
+        try:
+            self._claim()
+        except Exception as e:  # a DHT hiccup must not kill training; the heartbeat retries
+            logger.warning("could not renew the claim: %s", e)
 
     def _heartbeat(self) -> None:
         period = max(1.0, self.spec.averaging.claim_ttl_s / 3)
         while not self.stop_event.wait(period):
-            try:
-                self._claim()
-            except Exception as e:  # a DHT hiccup must not kill training; the next beat retries
-                logger.warning("heartbeat failed: %s", e)
+            self._claim_safe()
 
     # ---- state sync --------------------------------------------------------------------------
     def _publish_local(self, mid: str) -> None:
@@ -356,7 +386,7 @@ class Node:
             feedback_before = self.worker.feedback[mid].state_dict()
             local = self.worker.flat(mid)
             frame = self.worker.encode_pseudo_grad(mid)
-            reducer = self.holders[mid][0]
+            reducer = self.reducers[mid]
             timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
             fut = self.net.submit(self.exchange.contribute(reducer, mid, st.round, tokens, st.digest(), frame, timeout))
             self.in_flight[mid] = _InFlight(fut, local, feedback_before)
@@ -403,7 +433,7 @@ class Node:
             if result.digest_after and st.digest() != result.digest_after:
                 logger.error("module %s round %d: digest %s != group's %s; re-syncing", mid, result.round,
                              st.digest(), result.digest_after)
-                self.resync_from[mid] = self.holders[mid][0]
+                self.resync_from[mid] = self.reducers[mid]
             base = item.local_when_sent if result.status in ("merged", "alone") else old_anchor
             self.worker.set_flat(mid, st.anchor + (self.worker.flat(mid) - base))
             if result.status == "late":
@@ -414,18 +444,21 @@ class Node:
                     self.status.tokens_merged += self.sent_tokens
             self._publish_local(mid)
             self.status.history[mid][str(st.round)] = st.digest()
+            self.status.groups.setdefault(mid, {})[str(st.round)] = list(result.contributors)
             return
         self.worker.feedback[mid].load_state_dict(item.feedback_before)
         self.status.rounds_failed += 1
         logger.warning("module %s round %d: %s (%s)", mid, st.round, result.status, result.reason)
         if result.status == "out_of_sync":
-            self.resync_from[mid] = self.holders[mid][0]
+            self.resync_from[mid] = self.reducers[mid]
         elif result.status == "behind":
             pass  # the reducer re-syncs itself; our outer gradient waits for the next round
 
     def _round_complete(self) -> None:
         self._round_dirty = False
         self.status.round += 1
+        if self.status.round == 1:
+            self._claim_safe()  # our claim now says we have trained a round: we may reduce
         self.status.bytes_sent, self.status.bytes_received = self.traffic.sent, self.traffic.received
         for mid, peer in list(self.exchange.behind.items()):
             self.resync_from[mid] = peer
@@ -475,6 +508,8 @@ class Node:
         from pathswarm.protocol.dht import withdraw_claim
 
         self.stop_event.set()
+        if hasattr(self, "heartbeat"):
+            self.heartbeat.join(timeout=10)
         try:
             if hasattr(self, "claim"):
                 withdraw_claim(self.sdht, self.spec, self.claim)
