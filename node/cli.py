@@ -207,10 +207,13 @@ def node() -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of this node's data stream.")
 @click.option("--wait-peers", type=int, default=0, show_default=True,
               help="Before training, wait up to 2 minutes until this many nodes (us included) have claimed paths.")
+@click.option("--offline", is_flag=True,
+              help="Train the very same loop with networking switched off (a baseline for benchmarks).")
 @friendly
 def node_run(spec_path: str, initial_peers: tuple[str, ...], path: str, device: str, data_dir: str | None,
              host_maddrs: tuple[str, ...], checkpoint_dir: str | None, ready_file: str | None,
-             status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int) -> None:
+             status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int,
+             offline: bool) -> None:
     """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly)."""
     from pathswarm.node.runtime import Node, NodeConfig
 
@@ -220,7 +223,7 @@ def node_run(spec_path: str, initial_peers: tuple[str, ...], path: str, device: 
                      device=device, data_dir=data_dir or "", host_maddrs=tuple(host_maddrs),
                      checkpoint_dir=checkpoint_dir or "", ready_file=ready_file or "",
                      status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
-                     wait_peers=wait_peers)
+                     wait_peers=wait_peers, offline=offline)
     n = Node(cfg)
     n.install_signal_handlers()
     try:

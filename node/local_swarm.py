@@ -64,7 +64,8 @@ class LocalSwarm:
                    seed: int = 0) -> subprocess.Popen:
         files = self.node_files(name)
         files["ready.json"].unlink(missing_ok=True)
-        args = ["node", "run", "--swarm", self.spec_path, "--initial-peer", self.maddr, "--path", path,
+        peers = ["--initial-peer", self.maddr] if self.maddr else []
+        args = ["node", "run", "--swarm", self.spec_path, *peers, "--path", path,
                 "--threads", str(self.threads), "--max-rounds", str(max_rounds), "--seed", str(seed),
                 "--ready-file", str(files["ready.json"]), "--status-file", str(files["status.json"]),
                 "--checkpoint-dir", str(files["checkpoint"]), *(extra or [])]

@@ -75,6 +75,8 @@ class NodeConfig:
     """Before training, wait (at most wait_peers_timeout_s) until this many nodes, us included, claim paths."""
     wait_peers_timeout_s: float = 120.0
     """How long to wait for wait_peers before training anyway."""
+    offline: bool = False
+    """The very same loop with networking switched off (no DHT, no peers): the overhead benchmark's baseline."""
 
 
 @dataclass
@@ -100,6 +102,8 @@ class NodeStatus:
     val_loss_before: float = float("nan")
     val_loss_after: float = float("nan")
     rounds_failed: int = 0
+    train_wall_s: float = 0.0
+    """Wall time of the whole training loop (inner steps, waiting and applying included)."""
     digests: dict[str, str] = field(default_factory=dict)
     module_rounds: dict[str, int] = field(default_factory=dict)
     loss_curve: list[float] = field(default_factory=list)
@@ -144,35 +148,48 @@ class Node:
         spec = self.spec
         docs = load_documents(DataSpec(corpus="dir", path=self.cfg.data_dir) if self.cfg.data_dir else spec.data)
         train, val = split(docs, spec.data.val_fraction)
-        self.sdht = start_dht(list(self.cfg.initial_peers), list(self.cfg.host_maddrs), spec=spec)
+        offline = self.cfg.offline
+        if not offline:
+            self.sdht = start_dht(list(self.cfg.initial_peers), list(self.cfg.host_maddrs), spec=spec)
         self.net = NetLoop()
         try:
-            self.status.peer_id = self.sdht.peer_id
-            path = self._choose_path()
-            if self.cfg.path == "auto":
-                path = self._settle_path(path)
+            self.status.peer_id = "offline" if offline else self.sdht.peer_id
+            if offline:
+                path = spec.path_of_index(0) if self.cfg.path == "auto" else parse_path(self.cfg.path, spec)
+            else:
+                path = self._choose_path()
+                if self.cfg.path == "auto":
+                    path = self._settle_path(path)
             self.status.path = format_path(path)
             mine = self._routed(train, path)
             sampler = TokenSampler(mine, spec.model.context_len, seed=self.cfg.seed)
-            self.worker = PathWorker(spec, path, lambda: sampler.sample(spec.inner.batch_size), name=self.sdht.peer_id)
+            self.worker = PathWorker(spec, path, lambda: sampler.sample(spec.inner.batch_size),
+                                     name=self.status.peer_id)
             self.traffic = Traffic()
             numels = {mid: self.worker.outer[mid].anchor.numel() for mid in self.worker.module_ids}
-            p2p = self.net.run(self.sdht.dht.replicate_p2p(), 30)
-            self.exchange = ModuleExchange(spec, p2p, self.sdht.peer_id, numels, self.local_states.get,
+            p2p = None if offline else self.net.run(self.sdht.dht.replicate_p2p(), 30)
+            self.exchange = ModuleExchange(spec, p2p, self.status.peer_id, numels, self.local_states.get,
                                            _post_digest(spec), self.traffic)
             self.net.run(self.exchange.start(), 30)
-            self._claim()
-            self._wait_for_peers()
+            if offline:
+                self.holders = {mid: [self.status.peer_id] for mid in self.worker.module_ids}
+                self.reducers = {mid: self.status.peer_id for mid in self.worker.module_ids}
+            else:
+                self._claim()
+                self._wait_for_peers()
             self._initial_sync()
             val_docs = self._routed(val, path, allow_empty=True) or val
             self.val_batches = list(TokenSampler(val_docs, spec.model.context_len, seed=0)
                                     .eval_batches(spec.inner.batch_size, self.cfg.eval_batches))
             self.status.val_loss_before = evaluate_loss(self.worker.model, self.val_batches)[0]
             self._write_ready()
-            self.heartbeat = threading.Thread(target=self._heartbeat, name="pathswarm-heartbeat", daemon=True)
-            self.heartbeat.start()
+            if not offline:
+                self.heartbeat = threading.Thread(target=self._heartbeat, name="pathswarm-heartbeat", daemon=True)
+                self.heartbeat.start()
             self.status.state = "training"
+            t0 = time.perf_counter()
             self.train_loop()
+            self.status.train_wall_s = time.perf_counter() - t0
             self.status.val_loss_after = evaluate_loss(self.worker.model, self.val_batches)[0]
             self.status.state = "stopped"
             self._save()
@@ -311,7 +328,7 @@ class Node:
             if ckpt is not None:
                 self.worker.restore(mid, ckpt.modules[mid])
                 source = f"checkpoint round {ckpt.modules[mid].round}"
-            for ann in read_module_holders(self.sdht, self.spec, mid):
+            for ann in ([] if self.cfg.offline else read_module_holders(self.sdht, self.spec, mid)):
                 if ann.peer_id == self.sdht.peer_id or ann.round <= self.worker.outer[mid].round:
                     break
                 if self._download(mid, ann.peer_id):
@@ -372,6 +389,8 @@ class Node:
         self._poll(block=True, timeout_s=spec.averaging.grace_s)
 
     def _refresh_holders_safe(self) -> None:
+        if self.cfg.offline:
+            return
         try:
             self._refresh_holders()
         except Exception as e:  # keep the last view; the round still runs
@@ -464,7 +483,8 @@ class Node:
             self.resync_from[mid] = peer
             self.exchange.behind.pop(mid, None)
         self._save()
-        self._announce()
+        if not self.cfg.offline:
+            self._announce()
         self._write_status()
         logger.info("round %d: loss %.4f, %.0f tok/s, group %d, sent %d B, received %d B", self.status.round,
                     self.status.loss, self.status.tokens_per_s, self.status.last_group, self.status.bytes_sent,
@@ -497,7 +517,8 @@ class Node:
 
     def _write_ready(self) -> None:
         if self.cfg.ready_file:
-            _write_json_atomic(self.cfg.ready_file, {"peer_id": self.sdht.peer_id, "maddrs": self.sdht.visible_maddrs(),
+            maddrs = [] if self.cfg.offline else self.sdht.visible_maddrs()
+            _write_json_atomic(self.cfg.ready_file, {"peer_id": self.status.peer_id, "maddrs": maddrs,
                                                      "path": self.status.path, "pid": os.getpid()})
 
     def _write_status(self) -> None:

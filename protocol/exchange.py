@@ -76,7 +76,7 @@ class _OpenRound:
 class ModuleExchange:
     """Serves and joins module rounds for one node. All methods run on the node's network event loop."""
 
-    def __init__(self, spec: SwarmSpec, p2p: P2P, peer_id: str, numels: dict[str, int],
+    def __init__(self, spec: SwarmSpec, p2p: P2P | None, peer_id: str, numels: dict[str, int],
                  state_of: Callable[[str], LocalState | None], post_digest: Callable[[LocalState, torch.Tensor], str],
                  traffic: Traffic | None = None):
         self.spec = spec
@@ -95,6 +95,8 @@ class ModuleExchange:
         self.state_name = f"pathswarm.{prefix}.state"
 
     async def start(self) -> None:
+        if self.p2p is None:  # offline: the node reduces its own rounds, nothing is served
+            return
         await self.p2p.add_binary_stream_handler(self.contribute_name, self._on_contribute)
         await self.p2p.add_binary_stream_handler(self.state_name, self._on_state)
 

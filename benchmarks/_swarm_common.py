@@ -1,0 +1,34 @@
+"""Shared set-up of the networked benchmarks: a spec on the default corpus with a chosen H."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import torch
+
+from pathswarm.node.data import load_documents
+from pathswarm.node.swarm_init import init_spec
+from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, SwarmSpec
+
+
+def write_spec(directory: Path, inner_steps: int, name: str = "bench", grace_s: float = 30.0) -> tuple[SwarmSpec, Path]:
+    base = SwarmSpec(name=name, inner=InnerOptSpec(steps=inner_steps),
+                     averaging=AveragingSpec(grace_s=grace_s, timeout_s=120.0, claim_ttl_s=30.0))
+    spec = init_spec(base, load_documents(base.data))
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"swarm-h{inner_steps}.toml"
+    path.write_text(spec.to_toml())
+    return spec, path
+
+
+def machine() -> dict:
+    return {"python": platform.python_version(), "torch": torch.__version__, "cpus": torch.get_num_threads(),
+            "platform": platform.platform()}
+
+
+def write_json(path: str, payload: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, indent=1))
+    print(f"wrote {path}")

@@ -1,0 +1,71 @@
+"""Bytes on the wire per node per outer round vs fp32 data-parallel for the same inner steps.
+
+Two real nodes (CLI subprocesses, p2pd on 127.0.0.1) train the same path, so every module of the
+path is averaged every round. Bytes are counted where pathswarm writes to and reads from libp2p
+streams (node/runtime.py → protocol/wire.py `Traffic`): every message of the outer rounds, headers
+included; libp2p's own framing and TLS are not counted. The fp32 data-parallel figure is what a
+ring all-reduce sends per node for the same inner steps: 2·(n−1)/n · 4 bytes · parameters per step.
+
+    python benchmarks/wire.py --json benchmarks/results/wire.json
+Goals (DESIGN.md): ≥ 450× at H=100 and ≥ 2000× at H=500.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from _swarm_common import machine, write_json, write_spec
+
+from pathswarm.node.local_swarm import LocalSwarm
+from pathswarm.node.model import count_module_params
+
+GOALS = {100: 450, 500: 2000}
+
+
+def measure(h: int, rounds: int, workdir: Path) -> dict:
+    spec, spec_path = write_spec(workdir, h, name=f"wire-h{h}")
+    counts = count_module_params(spec)
+    params = sum(counts[m] for m in spec.module_ids((0, 0)))
+    n = 2
+    t0 = time.monotonic()
+    with LocalSwarm(spec_path, workdir / f"h{h}") as swarm:
+        swarm.start_bootstrap()
+        for i, name in enumerate(("a", "b")):
+            swarm.start_node(name, path="0.0", max_rounds=rounds, seed=i, extra=["--wait-peers", str(n)])
+        codes = swarm.wait_nodes(["a", "b"], timeout_s=3600)
+        statuses = {name: swarm.status(name) for name in ("a", "b")}
+    if any(codes.values()):
+        raise SystemExit(f"a node failed: {codes}")
+    ddp_sent_per_round = 2 * (n - 1) / n * 4 * params * h
+    nodes = {}
+    for name, st in statuses.items():
+        r = st["round"]
+        sent, received = st["bytes_sent"] / r, st["bytes_received"] / r
+        nodes[name] = {"rounds": r, "bytes_sent_per_round": sent, "bytes_received_per_round": received,
+                       "ratio_sent": ddp_sent_per_round / sent,
+                       "ratio_sent_plus_received": 2 * ddp_sent_per_round / (sent + received)}
+    worst = min(min(v["ratio_sent"], v["ratio_sent_plus_received"]) for v in nodes.values())
+    return {"inner_steps": h, "params_per_path": params, "ddp_fp32_bytes_sent_per_node_per_round": ddp_sent_per_round,
+            "nodes": nodes, "worst_ratio": worst, "goal": GOALS.get(h), "meets_goal": worst >= GOALS.get(h, 0),
+            "wall_s": time.monotonic() - t0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", default="benchmarks/results/wire.json")
+    ap.add_argument("--inner-steps", default="100,500", help="comma-separated H values")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="pathswarm-wire-") as tmp:
+        results = [measure(int(h), args.rounds, Path(tmp)) for h in args.inner_steps.split(",")]
+    for r in results:
+        print(f"H={r['inner_steps']}: worst ratio vs fp32 data-parallel {r['worst_ratio']:.0f}x (goal {r['goal']}x)")
+    write_json(args.json, {"benchmark": "wire", "counted_at": "pathswarm libp2p stream framing (protocol/wire.py)",
+                           "machine": machine(), "results": results})
+
+
+if __name__ == "__main__":
+    main()
