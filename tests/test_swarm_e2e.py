@@ -77,7 +77,12 @@ def test_three_nodes_train_with_identical_replicas(spec_path, tmp_path):
             assert any(set(m) == holders[mid] for m in st["b"]["groups"][mid].values()), st["b"]["groups"][mid]
         for name in paths:
             assert st[name]["round"] == 4
-            assert st[name]["val_loss_after"] < 0.8 * st[name]["val_loss_before"], st[name]
+            assert st[name]["val_loss_after"] < st[name]["val_loss_before"], st[name]
+        # Routed validation loss of the swarm (mean over the three paths) falls by at least 25 %.
+        before = sum(st[n]["val_loss_before"] for n in paths) / 3
+        after = sum(st[n]["val_loss_after"] for n in paths) / 3
+        assert after < 0.75 * before, (before, after)
+        for name in paths:
             ckpt = load_checkpoint(swarm.node_files(name)["checkpoint"], spec)
             assert set(ckpt.modules) == set(spec.module_ids(tuple(int(x) for x in paths[name].split("."))))
     finally:
