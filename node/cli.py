@@ -224,8 +224,7 @@ def node_run(spec_path: str, initial_peers: tuple[str, ...], path: str, device: 
                      checkpoint_dir=checkpoint_dir or "", ready_file=ready_file or "",
                      status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
                      wait_peers=wait_peers, offline=offline)
-    n = Node(cfg)
-    n.install_signal_handlers()
+    n = Node(cfg, handle_signals=True)
     try:
         sys.exit(n.run())
     except RuntimeError as e:

@@ -116,8 +116,9 @@ class NodeStatus:
 
 
 class Node:
-    def __init__(self, cfg: NodeConfig):
+    def __init__(self, cfg: NodeConfig, handle_signals: bool = False):
         self.cfg = cfg
+        self.handle_signals = handle_signals
         self.spec = cfg.spec
         self.stop_event = threading.Event()
         self.status = NodeStatus()
@@ -152,6 +153,9 @@ class Node:
         if not offline:
             self.sdht = start_dht(list(self.cfg.initial_peers), list(self.cfg.host_maddrs), spec=spec)
         self.net = NetLoop()
+        if self.handle_signals:
+            # After the DHT process is forked: it must keep the default SIGTERM, or it would outlive us.
+            self.install_signal_handlers()
         try:
             self.status.peer_id = "offline" if offline else self.sdht.peer_id
             if offline:
