@@ -1,0 +1,57 @@
+"""Error feedback for outer gradients (Seide et al. 2014; Karimireddy et al. 2019, arXiv 1901.09847).
+
+Each round a module's pseudo-gradient is encoded together with the quantisation residual left over from
+the previous round, and the new residual (what was sent minus what peers will decode) is kept for the
+next one. The errors telescope: after R rounds the sum of what peers decoded differs from the sum of
+the true tensors by the last residual alone, instead of by R independent errors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pathswarm.compression.codec import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_TARGET_ERROR,
+    DEFAULT_ZSTD_LEVEL,
+    check_encode_args,
+    encode_values,
+)
+
+
+class ErrorFeedback:
+    """The residual of one module (one tensor shape); use one instance per module."""
+
+    def __init__(self) -> None:
+        self.residual: torch.Tensor | None = None
+        """float32, flat: what the last frame left out; None before the first round."""
+
+    def encode(self, tensor: torch.Tensor, *, block_size: int = DEFAULT_BLOCK_SIZE,
+               zstd_level: int = DEFAULT_ZSTD_LEVEL, target_error: float = DEFAULT_TARGET_ERROR,
+               zstd_threads: int = 0) -> bytes:
+        """Encode tensor + residual (same arguments as `encode`) and keep the new residual.
+
+        If encoding fails (NaN / Inf, bad arguments) the residual is left as it was."""
+        check_encode_args(tensor, block_size, zstd_level, target_error, zstd_threads)
+        compensated = tensor.detach().to("cpu", torch.float32, copy=True).reshape(-1)
+        if self.residual is not None:
+            if self.residual.numel() != compensated.numel():
+                raise ValueError(f"this ErrorFeedback holds a residual of {self.residual.numel()} values but got "
+                                 f"a tensor of {compensated.numel()}: use one ErrorFeedback per module")
+            compensated.add_(self.residual)
+        frame, decoded = encode_values(compensated, tensor.shape, tensor.dtype, block_size=block_size,
+                                       zstd_level=zstd_level, target_error=target_error,
+                                       zstd_threads=zstd_threads, want_decoded=True)
+        self.residual = compensated.sub_(decoded.float())
+        return frame
+
+    def reset(self) -> None:
+        """Forget the residual (e.g. after the module's state was replaced by a peer's)."""
+        self.residual = None
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {} if self.residual is None else {"residual": self.residual.clone()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        residual = state.get("residual")
+        self.residual = None if residual is None else residual.detach().to(torch.float32).reshape(-1).clone()
