@@ -27,8 +27,11 @@ def run_bootstrap(spec: SwarmSpec, host_maddrs: list[str], ready_file: str = "",
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
+    from pathswarm.protocol.dht import SERVED_TTL_S, announce_served_swarm
+
     sdht = start_dht([], host_maddrs, spec=spec)
     try:
+        announce_served_swarm(sdht, spec)
         maddrs = sdht.visible_maddrs()
         logger.info("bootstrap peer of swarm %s… at %s", spec.swarm_id[:12], " ".join(maddrs))
         if ready_file:
@@ -36,7 +39,8 @@ def run_bootstrap(spec: SwarmSpec, host_maddrs: list[str], ready_file: str = "",
             tmp.write_text(json.dumps({"peer_id": sdht.peer_id, "maddrs": maddrs, "pid": os.getpid()}))
             os.replace(tmp, ready_file)
         print(f"join with: pathswarm node run --swarm SPEC --initial-peer {maddrs[0]}", flush=True)
-        stop.wait()
+        while not stop.wait(SERVED_TTL_S / 3):
+            announce_served_swarm(sdht, spec)
         return 0
     finally:
         sdht.shutdown()

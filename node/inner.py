@@ -45,6 +45,9 @@ def train_steps(model: PathModel, opt: torch.optim.Optimizer, batches: Callable[
     tokens = 0
     for i in range(steps):
         x, y = batches()
+        device = next(model.parameters()).device
+        if x.device != device:  # data is sampled on the CPU; the model may live on a GPU
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         set_warmup_lr(opt, first_step + i, cfg.warmup_steps)
         _, loss = model(x, y)
         opt.zero_grad(set_to_none=True)
@@ -65,8 +68,9 @@ def evaluate_loss(model: PathModel, batches: Iterable[tuple[torch.Tensor, torch.
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
+    device = next(model.parameters()).device
     for x, y in batches:
-        _, loss = model(x, y)
+        _, loss = model(x.to(device), y.to(device))
         total += loss.item() * y.numel()
         count += y.numel()
     model.train(was_training)

@@ -30,13 +30,14 @@ from pathlib import Path
 
 import torch
 
-from pathswarm.compression import decode
+from pathswarm.compression import CodecError, decode
 from pathswarm.node.checkpoint import CheckpointError, ModuleState, load_checkpoint, save_checkpoint
 from pathswarm.node.data import DataSpec, TokenSampler, load_documents, split
 from pathswarm.node.inner import evaluate_loss
 from pathswarm.node.outer import OuterState, state_digest
 from pathswarm.node.router import route_many
 from pathswarm.node.worker import PathWorker
+from pathswarm.protocol.exchange import RoundResult
 from pathswarm.protocol.spec import SwarmSpec, format_path, parse_path
 
 logger = logging.getLogger(__name__)
@@ -137,21 +138,19 @@ class Node:
 
     def run(self) -> int:
         from pathswarm.node.netloop import NetLoop
-        from pathswarm.protocol.dht import start_dht
         from pathswarm.protocol.exchange import ModuleExchange
         from pathswarm.protocol.wire import Traffic
 
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)
         device = self._device()
-        if device != "cpu":
-            logger.warning("device %s requested; this version trains on the CPU", device)
+        logger.info("training on %s", device)
         spec = self.spec
         docs = load_documents(DataSpec(corpus="dir", path=self.cfg.data_dir) if self.cfg.data_dir else spec.data)
         train, val = split(docs, spec.data.val_fraction)
         offline = self.cfg.offline
         if not offline:
-            self.sdht = start_dht(list(self.cfg.initial_peers), list(self.cfg.host_maddrs), spec=spec)
+            self.sdht = _start_dht_or_explain(self.cfg, spec)
         self.net = NetLoop()
         if self.handle_signals:
             # After the DHT process is forked: it must keep the default SIGTERM, or it would outlive us.
@@ -168,7 +167,7 @@ class Node:
             mine = self._routed(train, path)
             sampler = TokenSampler(mine, spec.model.context_len, seed=self.cfg.seed)
             self.worker = PathWorker(spec, path, lambda: sampler.sample(spec.inner.batch_size),
-                                     name=self.status.peer_id)
+                                     name=self.status.peer_id, device=device)
             self.traffic = Traffic()
             numels = {mid: self.worker.outer[mid].anchor.numel() for mid in self.worker.module_ids}
             p2p = None if offline else self.net.run(self.sdht.dht.replicate_p2p(), 30)
@@ -449,8 +448,16 @@ class Node:
         logger.debug("module %s round %d: %s with %d contributors (%s)", mid, result.round, result.status,
                      len(result.contributors), result.reason)
         self.status.history.setdefault(mid, {})
+        avg = None
         if result.applicable and result.round == st.round:
-            avg = decode(result.mean_frame, max_elements=st.anchor.numel()).reshape(-1)
+            try:  # the mean comes from a peer: untrusted bytes
+                avg = decode(result.mean_frame, max_elements=st.anchor.numel()).reshape(-1)
+                if avg.numel() != st.anchor.numel() or not torch.isfinite(avg).all():
+                    raise CodecError("mean of the wrong size or not finite")
+            except CodecError as e:
+                avg = None
+                result = RoundResult(mid, result.round, "failed", reason=f"bad mean from the reducer: {e}")
+        if avg is not None:
             old_anchor = st.anchor.clone()
             st.apply(avg, self.spec.outer)
             if result.digest_after and st.digest() != result.digest_after:
@@ -544,6 +551,40 @@ class Node:
             self.net.stop()
         if hasattr(self, "sdht"):
             self.sdht.shutdown()
+
+
+class NodeError(ValueError):
+    """A node cannot start for a reason the user can fix; the message says what to check."""
+
+
+def _start_dht_or_explain(cfg: NodeConfig, spec: SwarmSpec):
+    """Start the DHT peer; turn p2pd's start-up failures into one clear line, and refuse to join a
+    bootstrap peer that serves another swarm (its spec id differs from ours)."""
+    from pathswarm.protocol.dht import served_swarm, start_dht
+
+    t0 = time.monotonic()
+    try:
+        sdht = start_dht(list(cfg.initial_peers), list(cfg.host_maddrs), spec=spec)
+    except Exception as e:  # p2pd and hivemind raise several types for the same few causes
+        text = str(e)
+        waited = time.monotonic() - t0
+        if "address already in use" in text.lower() or "bind" in text.lower():
+            raise NodeError(f"cannot listen on {', '.join(cfg.host_maddrs)}: the port is in use; pick another "
+                            "--host-maddr port or use port 0") from None
+        if cfg.initial_peers and ("bootstrap" in text or "initial" in text or "connect" in text):
+            raise NodeError(f"none of the initial peers answered within {waited:.0f} s (tried "
+                            f"{', '.join(cfg.initial_peers)}); check that a peer runs there, that the address "
+                            "(including its /p2p/ id) is current, and that no firewall blocks it") from None
+        raise NodeError(f"the DHT peer did not start: {text.splitlines()[-1] if text else type(e).__name__}") from None
+    for maddr in cfg.initial_peers:
+        if "/p2p/" not in maddr:
+            continue
+        served = served_swarm(sdht, maddr.rsplit("/p2p/", 1)[1])
+        if served is not None and served[0] != spec.swarm_id:
+            sdht.shutdown()
+            raise NodeError(f"the peer {maddr} serves swarm {served[1]!r} (id {served[0][:16]}…) but your spec's "
+                            f"swarm id is {spec.swarm_id[:16]}…: use that swarm's spec file")
+    return sdht
 
 
 def _post_digest(spec: SwarmSpec):

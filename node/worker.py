@@ -25,11 +25,12 @@ from pathswarm.protocol.spec import SwarmSpec
 
 class PathWorker:
     def __init__(self, spec: SwarmSpec, path: tuple[int, ...], batches: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-                 name: str = "worker", lr: float | None = None, model: PathModel | None = None):
+                 name: str = "worker", lr: float | None = None, model: PathModel | None = None,
+                 device: str = "cpu"):
         self.spec = spec
         self.path = tuple(path)
         self.name = name
-        self.model = model if model is not None else build_path(spec, self.path)
+        self.model = (model if model is not None else build_path(spec, self.path)).to(device)
         self.module_ids = self.model.module_ids
         self.batches = batches
         self.opt = make_inner_optimizer(self.model, spec.inner, lr)
@@ -40,7 +41,8 @@ class PathWorker:
 
     # ---- weights as flat vectors, one per module ---------------------------------------------
     def flat(self, mid: str) -> torch.Tensor:
-        return parameters_to_vector(self.model.module(mid).parameters()).detach().clone()
+        # Outer state lives on the CPU in fp32 whatever the training device: it is what peers exchange.
+        return parameters_to_vector(self.model.module(mid).parameters()).detach().to("cpu", torch.float32, copy=True)
 
     def set_flat(self, mid: str, vec: torch.Tensor) -> None:
         """Copy a flat vector into the module's parameters (never aliasing it: torch's
@@ -50,7 +52,7 @@ class PathWorker:
         with torch.no_grad():
             for p in self.model.module(mid).parameters():
                 n = p.numel()
-                p.copy_(vec[offset:offset + n].view_as(p))
+                p.copy_(vec[offset:offset + n].view_as(p).to(p.device))
                 offset += n
         if offset != vec.numel():
             raise ValueError(f"module {mid}: vector has {vec.numel()} values, parameters {offset}")

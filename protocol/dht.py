@@ -303,3 +303,30 @@ def publish_metrics(sdht: SwarmDHT, spec: SwarmSpec, metrics: NodeMetrics, ttl_s
 def read_metrics(sdht: SwarmDHT, spec: SwarmSpec) -> list[NodeMetrics]:
     """Valid metrics of every node that published within its TTL, sorted by peer id."""
     return _read(sdht, spec, metrics_key(spec.swarm_id), NodeMetrics)
+
+
+# ---- which swarm a bootstrap peer serves ----------------------------------------------------------
+SERVED_TTL_S = 300.0
+
+
+def served_key(peer_id: str) -> str:
+    """Where a bootstrap peer says which swarm it serves (outside every swarm's keys: read before joining)."""
+    return f"pathswarm/served-by/{peer_id}"
+
+
+def announce_served_swarm(sdht: SwarmDHT, spec: SwarmSpec) -> bool:
+    """A bootstrap peer publishes the id and name of the swarm it serves (renew within SERVED_TTL_S)."""
+    value = {"swarm_id": spec.swarm_id, "name": spec.name[:200]}
+    return bool(sdht.dht.store(served_key(sdht.peer_id), value, get_dht_time() + SERVED_TTL_S))
+
+
+def served_swarm(sdht: SwarmDHT, peer_id: str) -> tuple[str, str] | None:
+    """(swarm id, name) a bootstrap peer announced, or None (a plain DHT peer announces nothing)."""
+    found = sdht.dht.get(served_key(peer_id), latest=True)
+    value = getattr(found, "value", None)
+    if not isinstance(value, dict) or not isinstance(value.get("swarm_id"), str):
+        return None
+    swarm_id, name = value["swarm_id"], value.get("name")
+    if not re.fullmatch(r"[0-9a-f]{64}", swarm_id):
+        return None
+    return swarm_id, name if isinstance(name, str) else ""
