@@ -226,6 +226,10 @@ def node_run(spec_path: str, initial_peers: tuple[str, ...], path: str, device: 
                      wait_peers=wait_peers, offline=offline)
     n = Node(cfg, handle_signals=True)
     try:
+        if sys.stderr.isatty():
+            from pathswarm.node.node_display import run_with_display
+
+            sys.exit(run_with_display(n))
         sys.exit(n.run())
     except RuntimeError as e:
         if "bootstrap failed" in str(e) or "initial_peers" in str(e):
