@@ -194,5 +194,7 @@ def decode(data, *, max_elements: int = DEFAULT_MAX_ELEMENTS, out: torch.Tensor 
     if header.numel == 0:
         return torch.empty(header.shape, dtype=header.dtype) if out is None else out
     raw = _decompress(frame.payload, header.numel)
-    flat = None if out is None else out.view(-1)
-    return dequantize(raw, scales, header.block_size, header.numel, header.dtype, out=flat).view(header.shape)
+    if out is not None:
+        dequantize(raw, scales, header.block_size, header.numel, header.dtype, out=out.view(-1))
+        return out
+    return dequantize(raw, scales, header.block_size, header.numel, header.dtype).view(header.shape)

@@ -147,6 +147,48 @@ def swarm_id(spec_path: str) -> None:
     click.echo(_load_spec_option(spec_path).swarm_id)
 
 
+@swarm.command("status")
+@click.option("--swarm", "spec_path", required=True, type=click.Path(dir_okay=False), help="The swarm's spec (TOML).")
+@click.option("--initial-peer", "initial_peers", multiple=True, required=True,
+              help="Multiaddr of a peer of the swarm (repeat for several).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write JSON here.")
+@friendly
+def swarm_status(spec_path: str, initial_peers: tuple[str, ...], json_path: str | None) -> None:
+    """Paths (who serves each, tokens/s, round, loss), modules (round, holders, replica agreement), totals."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from pathswarm.protocol.dht import start_dht
+    from pathswarm.protocol.swarm_view import collect_view, summarize
+
+    spec = _load_spec_option(spec_path)
+    sdht = start_dht(list(initial_peers), spec=spec, client_mode=True)
+    try:
+        summary = summarize(spec, collect_view(sdht, spec))
+    finally:
+        sdht.shutdown()
+    console = Console()
+    t = Table(title=f"swarm {spec.name} ({spec.swarm_id[:12]}…): paths")
+    for col in ("path", "nodes", "tokens/s", "round", "loss"):
+        t.add_column(col, justify="right")
+    for p in summary["paths"]:
+        t.add_row(p["path"], str(len(p["nodes"])), f"{p['tokens_per_s']:,.0f}", str(p["last_round"] or "-"),
+                  f"{p['loss']:.4f}" if p["loss"] is not None else "-")
+    console.print(t)
+    t = Table(title="modules")
+    for col in ("module", "round", "holders", "at that round", "replicas agree"):
+        t.add_column(col, justify="right")
+    for m in summary["modules"]:
+        agree = {True: "yes", False: "NO", None: "-"}[m["replicas_agree"]]
+        t.add_row(m["module"], str(m["round"] if m["round"] is not None else "-"), str(m["holders"]),
+                  str(m["holders_at_round"]), agree)
+    console.print(t)
+    tot = summary["totals"]
+    console.print(f"{tot['nodes']} nodes · {tot['paths_served']}/{spec.n_paths} paths served · "
+                  f"{tot['tokens_per_s']:,.0f} tokens/s · sent {tot['bytes_sent']:,} B")
+    _write_json(json_path, summary)
+
+
 # ---- simulate ------------------------------------------------------------------------------------
 @main.command()
 @click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False), help="Swarm spec (TOML).")

@@ -6,8 +6,10 @@ validation loss falls, a late joiner syncs to the current round, a SIGKILLed pee
 the others beyond the grace window, SIGTERM exits 0 with a loadable checkpoint, nothing is left running.
 """
 
+import json
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -110,6 +112,21 @@ def test_late_join_sigkill_and_sigterm(spec_path, tmp_path):
         assert min(int(r) for r in c["history"]["L0M0"]) > round_at_join  # started from the synced round
         a = swarm.status("a")
         assert any(a["peer_id"] in m and c["peer_id"] in m for m in c["groups"]["L0M0"].values())
+        # `swarm status` reads the same picture from the DHT records the nodes publish.
+        status_json = tmp_path / "status.json"
+        proc = subprocess.run([sys.executable, "-m", "pathswarm", "swarm", "status", "--swarm", str(spec_path),
+                               "--initial-peer", swarm.maddr, "--json", str(status_json)],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        view = json.loads(status_json.read_text())
+        assert view["totals"]["nodes"] == 3
+        by_path = {p["path"]: p for p in view["paths"]}
+        assert sorted(by_path["0.0"]["nodes"]) == sorted([a["peer_id"], c["peer_id"]])
+        assert by_path["1.0"]["nodes"] == [swarm.status("b")["peer_id"]]
+        assert by_path["0.1"]["nodes"] == [] and view["totals"]["paths_served"] == 2
+        modules = {m["module"]: m for m in view["modules"]}
+        assert modules["L0M0"]["round"] >= round_at_join and modules["L0M0"]["holders"] >= 2
+        assert modules["L1M1"]["round"] is None and modules["L0M1"]["holders"] == 1  # 0.0 and 1.0 only
         # SIGKILL b mid-round: a and c keep finishing rounds, waiting at most the grace window for b.
         swarm.signal("b", signal.SIGKILL)
         killed_at, round_a = time.monotonic(), swarm.status("a")["round"]

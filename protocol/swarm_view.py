@@ -1,0 +1,68 @@
+"""What the swarm looks like from its DHT records: paths, modules and totals, as pure data.
+
+`collect_view` reads the records nodes publish (claims, module announcements, metrics); `summarize`
+turns them into the rows `pathswarm swarm status` prints and its `--json` writes. Replica agreement
+per module compares the digests announced for the newest round of that module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pathswarm.protocol.records import ModuleAnnouncement, NodeMetrics, PathClaim
+from pathswarm.protocol.spec import SwarmSpec, format_path
+
+
+@dataclass
+class SwarmView:
+    claims: list[PathClaim] = field(default_factory=list)
+    modules: dict[str, list[ModuleAnnouncement]] = field(default_factory=dict)
+    metrics: list[NodeMetrics] = field(default_factory=list)
+
+
+def collect_view(sdht, spec: SwarmSpec) -> SwarmView:
+    from pathswarm.protocol.dht import read_claims, read_metrics, read_module_holders
+
+    return SwarmView(claims=read_claims(sdht, spec),
+                     modules={mid: read_module_holders(sdht, spec, mid) for mid in spec.all_module_ids()},
+                     metrics=read_metrics(sdht, spec))
+
+
+def summarize(spec: SwarmSpec, view: SwarmView) -> dict:
+    metrics = {m.peer_id: m for m in view.metrics}
+    paths = []
+    for p in spec.paths():
+        servers = [c for c in view.claims if tuple(c.path) == p]
+        ms = [metrics[c.peer_id] for c in servers if c.peer_id in metrics]
+        paths.append({
+            "path": format_path(p),
+            "nodes": [c.peer_id for c in servers],
+            "tokens_per_s": sum(m.tokens_per_s for m in ms),
+            "last_round": max((m.round for m in ms), default=None),
+            "loss": (sum(m.loss for m in ms) / len(ms)) if ms else None,
+        })
+    modules = []
+    for mid in spec.all_module_ids():
+        anns = view.modules.get(mid, [])
+        newest = max((a.round for a in anns), default=None)
+        at_newest = [a for a in anns if a.round == newest]
+        modules.append({
+            "module": mid,
+            "round": newest,
+            "holders": len({a.peer_id for a in anns}),
+            "holders_at_round": len(at_newest),
+            "replicas_agree": len({a.digest for a in at_newest}) <= 1 if at_newest else None,
+        })
+    return {
+        "swarm_id": spec.swarm_id,
+        "name": spec.name,
+        "paths": paths,
+        "modules": modules,
+        "totals": {
+            "nodes": len({c.peer_id for c in view.claims}),
+            "paths_served": sum(1 for p in paths if p["nodes"]),
+            "tokens_per_s": sum(m.tokens_per_s for m in view.metrics),
+            "bytes_sent": sum(m.bytes_sent for m in view.metrics),
+            "bytes_received": sum(m.bytes_received for m in view.metrics),
+        },
+    }
