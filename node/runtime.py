@@ -172,7 +172,7 @@ class Node:
             numels = {mid: self.worker.outer[mid].anchor.numel() for mid in self.worker.module_ids}
             p2p = None if offline else self.net.run(self.sdht.dht.replicate_p2p(), 30)
             self.exchange = ModuleExchange(spec, p2p, self.status.peer_id, numels, self.local_states.get,
-                                           _post_digest(spec), self.traffic)
+                                           _post_state(spec), self.traffic)
             self.net.run(self.exchange.start(), 30)
             if offline:
                 self.holders = {mid: [self.status.peer_id] for mid in self.worker.module_ids}
@@ -354,6 +354,7 @@ class Node:
         state = ModuleState(weights=_unflatten(self.worker, mid, anchor), momentum=momentum, round=round_)
         self.worker.restore(mid, state)
         self.worker.feedback[mid].reset()
+        self.net.loop.call_soon_threadsafe(self.exchange.forget_pending, mid)
         if progress is not None:
             self.worker.set_flat(mid, anchor + progress)
         return True
@@ -587,11 +588,14 @@ def _start_dht_or_explain(cfg: NodeConfig, spec: SwarmSpec):
     return sdht
 
 
-def _post_digest(spec: SwarmSpec):
-    def post(state, avg: torch.Tensor) -> str:
+def _post_state(spec: SwarmSpec):
+    """The state a module has after applying a round's mean: what the reducer announces as digest_after."""
+    from pathswarm.protocol.exchange import LocalState
+
+    def post(state, avg: torch.Tensor):
         copy = OuterState(state.anchor.clone(), state.momentum.clone(), state.round)
         copy.apply(avg.reshape(-1), spec.outer)
-        return copy.digest()
+        return LocalState(copy.round, copy.digest(), copy.anchor, copy.momentum)
 
     return post
 

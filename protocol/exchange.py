@@ -77,14 +77,18 @@ class ModuleExchange:
     """Serves and joins module rounds for one node. All methods run on the node's network event loop."""
 
     def __init__(self, spec: SwarmSpec, p2p: P2P | None, peer_id: str, numels: dict[str, int],
-                 state_of: Callable[[str], LocalState | None], post_digest: Callable[[LocalState, torch.Tensor], str],
+                 state_of: Callable[[str], LocalState | None],
+                 post_state: Callable[[LocalState, torch.Tensor], LocalState],
                  traffic: Traffic | None = None):
         self.spec = spec
         self.p2p = p2p
         self.peer_id = peer_id
         self.numels = numels  # module id → parameter count, from the spec: bounds every message
         self.state_of = state_of
-        self.post_digest = post_digest
+        self.post_state = post_state
+        # The state each module will have once our own node applies the rounds we closed: members that
+        # apply a mean faster than our training loop does must not find us "behind".
+        self._post: dict[str, LocalState] = {}
         self.traffic = traffic or Traffic()
         self.expected_holders: dict[str, int] = {}
         self.behind: dict[str, str] = {}  # module → a peer that is ahead of us (re-sync from it)
@@ -105,6 +109,25 @@ class ModuleExchange:
         return 2 * self.numels[module] + (64 << 10)
 
     # ---- reducer side ------------------------------------------------------------------------
+    def effective_state(self, module: str) -> LocalState | None:
+        """Our module state, or the state it will have after the rounds we closed, whichever is newer."""
+        mine, post = self.state_of(module), self._post.get(module)
+        if post is not None and (mine is None or post.round > mine.round):
+            return post
+        return mine
+
+    def forget_pending(self, module: str) -> None:
+        """Our state of the module was replaced (re-sync): rounds we closed earlier no longer define it."""
+        self._post.pop(module, None)
+
+    async def _wait_for_state(self, module: str) -> LocalState | None:
+        """A node registers its handlers before it has synced its modules: wait (at most the grace
+        window) for our state instead of failing the round of a peer that is quicker than us."""
+        deadline = time.monotonic() + self.spec.averaging.grace_s
+        while (mine := self.effective_state(module)) is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return mine
+
     async def _on_contribute(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sender = info.peer_id.to_base58()
         try:
@@ -139,7 +162,7 @@ class ModuleExchange:
                 return RoundResult(module, round_, "out_of_sync", reason="state before the round differs")
             return RoundResult(module, round_, "late", result.mean_frame, result.contributors, result.tokens,
                                result.digest_after)
-        mine = self.state_of(module)
+        mine = await self._wait_for_state(module)
         if mine is None:
             return RoundResult(module, round_, "failed", reason="reducer does not hold this module")
         if mine.round > round_:
@@ -196,10 +219,12 @@ class ModuleExchange:
             mean = weighted_average(deltas, weights)
             codec = self.spec.codec
             mean_frame = encode(mean, block_size=codec.block_size, zstd_level=codec.zstd_level)
-            mine = self.state_of(module)
+            mine = self.effective_state(module)
             digest_after = ""
-            if mine is not None and mine.digest == open_round.digest_before:
-                digest_after = self.post_digest(mine, decode(mean_frame, max_elements=numel))
+            if mine is not None and mine.digest == open_round.digest_before and mine.round == round_:
+                post = self.post_state(mine, decode(mean_frame, max_elements=numel))
+                self._post[module] = post
+                digest_after = post.digest
             result = RoundResult(module, round_, "merged", mean_frame, used, int(sum(weights)),
                                  digest_after)
         else:
