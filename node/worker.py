@@ -71,9 +71,10 @@ class PathWorker:
         """The module's outer gradient as one codec frame (quantisation residual kept for next round)."""
         codec = self.spec.codec
         delta = self.pseudo_grad(mid)
+        args = dict(block_size=codec.block_size, zstd_level=codec.zstd_level, target_error=codec.target_error)
         if not codec.error_feedback:
-            return encode(delta, block_size=codec.block_size, zstd_level=codec.zstd_level)
-        return self.feedback[mid].encode(delta, block_size=codec.block_size, zstd_level=codec.zstd_level)
+            return encode(delta, **args)
+        return self.feedback[mid].encode(delta, **args)
 
     def apply_outer(self, mid: str, avg_pseudo_grad: torch.Tensor) -> None:
         """Outer Nesterov step on the module's anchor; the local weights restart from the new anchor."""

@@ -218,7 +218,8 @@ class ModuleExchange:
 
             mean = weighted_average(deltas, weights)
             codec = self.spec.codec
-            mean_frame = encode(mean, block_size=codec.block_size, zstd_level=codec.zstd_level)
+            mean_frame = encode(mean, block_size=codec.block_size, zstd_level=codec.zstd_level,
+                                target_error=codec.target_error)
             mine = self.effective_state(module)
             digest_after = ""
             if mine is not None and mine.digest == open_round.digest_before and mine.round == round_:

@@ -165,9 +165,12 @@ class CodecSpec:
     """zstd level; higher levels gain nothing on int8 pseudo-gradients (measured)."""
     error_feedback: bool = True
     """Carry each round's quantisation residual into the next round."""
+    target_error: float = 0.013
+    """Relative RMS error the quantisation step aims at (encoder-only; 0 = plain absmax int8)."""
 
     def validate(self) -> None:
         _check(self.block_size > 0, "codec.block_size", "must be positive")
+        _check(0 <= self.target_error <= 0.5, "codec.target_error", "must be in [0, 0.5]")
         _check(1 <= self.zstd_level <= 22, "codec.zstd_level", "must be in 1..22")
 
 
