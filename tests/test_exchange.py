@@ -1,0 +1,138 @@
+"""Module-group rounds without a network: the reducer's rules, and bounded message framing.
+
+`ModuleExchange.reduce` is called directly (as the reducer does for its own contribution), so the
+merging, late, out-of-sync and behind rules are checked with exact values; the framing tests feed
+bytes to an asyncio StreamReader.
+"""
+
+import asyncio
+import struct
+
+import pytest
+import torch
+
+from pathswarm.compression import decode, encode
+from pathswarm.node.outer import OuterState, weighted_average
+from pathswarm.protocol.exchange import LocalState, ModuleExchange
+from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
+from pathswarm.protocol.wire import MAGIC, WireError, read_message, write_message
+
+NUMEL = 1000
+SPEC = SwarmSpec(averaging=AveragingSpec(min_group=64, grace_s=0.5))
+
+
+def post_state(state: LocalState, avg: torch.Tensor) -> LocalState:
+    s = OuterState(state.anchor.clone(), state.momentum.clone(), state.round)
+    s.apply(avg, SPEC.outer)
+    return LocalState(s.round, s.digest(), s.anchor, s.momentum)
+
+
+def make_exchange(expected: int) -> tuple[ModuleExchange, LocalState]:
+    st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+    mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
+    ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: mine if m == "L0M0" else None, post_state)
+    ex.expected_holders["L0M0"] = expected
+    return ex, mine
+
+
+def frames(n: int) -> list[bytes]:
+    gen = torch.Generator().manual_seed(0)
+    return [encode(torch.randn(NUMEL, generator=gen) * 1e-3) for _ in range(n)]
+
+
+def test_round_closes_when_every_holder_is_in_and_all_get_the_same_mean():
+    async def go():
+        ex, mine = make_exchange(expected=3)
+        fs = frames(3)
+        peers, tokens = ["p2", "p0", "p1"], [100, 300, 600]
+        results = await asyncio.gather(*(ex.reduce("L0M0", 0, p, t, mine.digest, f)
+                                         for p, t, f in zip(peers, tokens, fs, strict=True)))
+        return mine, fs, results
+
+    mine, fs, results = asyncio.run(go())
+    assert {r.status for r in results} == {"merged"}
+    assert len({r.mean_frame for r in results}) == 1  # one canonical encoding for everybody
+    assert results[0].contributors == ["p0", "p1", "p2"] and results[0].tokens == 1000
+    # The mean is the token-weighted mean in sorted peer order (then quantised once).
+    order = {"p2": (100, fs[0]), "p0": (300, fs[1]), "p1": (600, fs[2])}
+    exact = weighted_average([decode(order[p][1]) for p in sorted(order)], [order[p][0] for p in sorted(order)])
+    got = decode(results[0].mean_frame)
+    assert torch.linalg.vector_norm(got - exact) / torch.linalg.vector_norm(exact) < 0.02
+    assert results[0].digest_after == post_state(mine, got).digest
+
+
+def test_grace_window_closes_a_partial_round_and_late_members_get_the_same_mean():
+    async def go():
+        ex, mine = make_exchange(expected=3)
+        f = frames(2)
+        first = await ex.reduce("L0M0", 0, "p0", 10, mine.digest, f[0])  # alone until the grace window ends
+        late = await ex.reduce("L0M0", 0, "p1", 10, mine.digest, f[1])
+        bad = await ex.reduce("L0M0", 0, "p2", 10, "0" * 16, f[1])
+        return first, late, bad
+
+    first, late, bad = asyncio.run(go())
+    assert first.status == "alone" and first.contributors == ["p0"]
+    assert late.status == "late" and late.mean_frame == first.mean_frame
+    assert bad.status == "out_of_sync"
+
+
+def test_reducer_accepts_the_next_round_before_applying_its_own_result():
+    async def go():
+        ex, mine = make_exchange(expected=1)
+        r0 = await ex.reduce("L0M0", 0, "p0", 10, mine.digest, frames(1)[0])
+        # p0 applied round 0 and sends round 1 while our training loop has not applied it yet.
+        r1 = await ex.reduce("L0M0", 1, "p0", 10, r0.digest_after, frames(1)[0])
+        ahead = await ex.reduce("L0M0", 5, "p9", 10, "ab" * 8, frames(1)[0])
+        return r0, r1, ahead, ex
+
+    r0, r1, ahead, ex = asyncio.run(go())
+    assert r0.status == "alone" and r1.status == "alone" and r1.round == 1
+    assert ahead.status == "behind" and ex.behind["L0M0"] == "p9"
+
+
+def test_undecodable_frames_are_dropped_not_fatal():
+    async def go():
+        ex, mine = make_exchange(expected=2)
+        good = frames(1)[0]
+        return await asyncio.gather(ex.reduce("L0M0", 0, "p0", 10, mine.digest, good),
+                                    ex.reduce("L0M0", 0, "p1", 10, mine.digest, b"garbage"))
+
+    a, b = asyncio.run(go())
+    assert a.contributors == ["p0"] and b.status == "late"
+
+
+def reader_of(data: bytes) -> asyncio.StreamReader:
+    r = asyncio.StreamReader()
+    r.feed_data(data)
+    r.feed_eof()
+    return r
+
+
+def test_framing_round_trip_and_bounds():
+    class Sink:
+        def __init__(self):
+            self.data = bytearray()
+
+        def write(self, b):
+            self.data += bytes(b)
+
+        async def drain(self):
+            pass
+
+    async def go():
+        sink = Sink()
+        await write_message(sink, {"a": 1}, b"x" * 100)
+        header, payload = await read_message(reader_of(bytes(sink.data)), max_payload=100)
+        assert header == {"a": 1} and payload == b"x" * 100
+        with pytest.raises(WireError, match="exceeds the limit"):
+            await read_message(reader_of(bytes(sink.data)), max_payload=99)
+        with pytest.raises(WireError, match="truncated"):
+            await read_message(reader_of(bytes(sink.data[:-1])), max_payload=100)
+        with pytest.raises(WireError, match="bad magic"):
+            await read_message(reader_of(b"XXXX" + bytes(sink.data[4:])), max_payload=100)
+        # A forged 1 TB length is refused from the 16-byte prefix alone, before any allocation.
+        forged = struct.pack("<4sIQ", MAGIC, 2, 1 << 40) + b"{}"
+        with pytest.raises(WireError, match="exceeds the limit"):
+            await read_message(reader_of(forged), max_payload=1 << 20)
+
+    asyncio.run(go())
