@@ -286,12 +286,15 @@ def node_run(spec_path: str, initial_peers: tuple[str, ...], path: str, device: 
               help="Where to listen, e.g. /ip4/0.0.0.0/tcp/31337 for peers on other machines.")
 @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
               help="Write JSON (peer id, multiaddrs) here once the peer is up.")
+@click.option("--identity", type=click.Path(dir_okay=False), default=None,
+              help="RSA identity file, created with mode 0600 if missing (default: one per swarm in "
+                   "~/.local/share/pathswarm/identities/). Keeps the peer id, hence the address, across restarts.")
 @friendly
-def bootstrap(spec_path: str, host_maddrs: tuple[str, ...], ready_file: str | None) -> None:
+def bootstrap(spec_path: str, host_maddrs: tuple[str, ...], ready_file: str | None, identity: str | None) -> None:
     """Run a DHT-only peer that nodes join the swarm through (trains nothing)."""
     from pathswarm.bootstrap.peer import run_bootstrap
 
-    sys.exit(run_bootstrap(_load_spec_option(spec_path), list(host_maddrs), ready_file or ""))
+    sys.exit(run_bootstrap(_load_spec_option(spec_path), list(host_maddrs), ready_file or "", identity=identity))
 
 
 # ---- demo ----------------------------------------------------------------------------------------

@@ -51,7 +51,8 @@ class LocalSwarm:
     def start_bootstrap(self, timeout_s: float = 60.0) -> str:
         ready = self.workdir / "bootstrap.ready.json"
         ready.unlink(missing_ok=True)
-        self.bootstrap = self._spawn("bootstrap", ["bootstrap", "--swarm", self.spec_path, "--ready-file", str(ready)])
+        self.bootstrap = self._spawn("bootstrap", ["bootstrap", "--swarm", self.spec_path, "--ready-file", str(ready),
+                                                   "--identity", str(self.workdir / "bootstrap.key")])
         info = self._wait_file(ready, self.bootstrap, "bootstrap", timeout_s)
         self.maddr = info["maddrs"][0]
         return self.maddr
