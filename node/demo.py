@@ -15,6 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from pathswarm.node.data import load_documents
+from pathswarm.node.fmt import fmt_bytes
 from pathswarm.node.progress import run_with_progress
 from pathswarm.node.simulate import SimConfig, SimResult
 from pathswarm.node.swarm_init import format_init_report, init_spec
@@ -67,12 +68,6 @@ def run_simulated_demo(rounds: int, inner_steps: int, out_dir: Path, json_path: 
     return result
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000:
-            return f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 def _node_table(swarm, names: list[str]):
@@ -87,8 +82,8 @@ def _node_table(swarm, names: list[str]):
         table.add_row(name, st.get("path", "…"), st.get("state", "starting") if alive else
                       f"exited {swarm.nodes[name].returncode}", str(st.get("round", 0)), str(st.get("inner_step", 0)),
                       f"{st.get('loss', float('nan')):.3f}", f"{st.get('tokens_per_s', 0):.0f}",
-                      str(st.get("last_group", 0)), _fmt_bytes(st.get("bytes_sent", 0)),
-                      _fmt_bytes(st.get("bytes_received", 0)))
+                      str(st.get("last_group", 0)), fmt_bytes(st.get("bytes_sent", 0)),
+                      fmt_bytes(st.get("bytes_received", 0)))
     return table
 
 
@@ -189,8 +184,8 @@ def run_demo(nodes: int, rounds: int, inner_steps: int, out_dir: Path, json_path
         a = summary["val_loss_after"][p]
         table.add_row(p, f"{b:.4f}", f"{a:.4f}", f"{(a - b) / b:+.1%}")
     ratio = summary["compression_vs_ddp"] or float("inf")
-    table.caption = (f"sent {_fmt_bytes(summary['bytes_sent_total'])} vs fp32 data-parallel "
-                     f"{_fmt_bytes(summary['ddp_fp32_bytes_equivalent'])} ({ratio:,.0f}x less) · replicas "
+    table.caption = (f"sent {fmt_bytes(summary['bytes_sent_total'])} vs fp32 data-parallel "
+                     f"{fmt_bytes(summary['ddp_fp32_bytes_equivalent'])} ({ratio:,.0f}x less) · replicas "
                      f"{'identical' if summary['replicas_identical'] else 'DIFFER'} "
                      f"({summary['replica_digests_compared']} module-round digests compared)")
     console.print(table)

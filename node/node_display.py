@@ -14,13 +14,7 @@ from rich.live import Live
 from rich.logging import RichHandler
 from rich.table import Table
 
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000:
-            return f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
+from pathswarm.node.fmt import fmt_bytes
 
 
 def status_table(status) -> Table:
@@ -28,8 +22,8 @@ def status_table(status) -> Table:
     for col in ("path", "state", "round", "inner step", "loss", "tok/s", "group", "sent", "received"):
         table.add_column(col, justify="right")
     table.add_row(status.path or "…", status.state, str(status.round), str(status.inner_step), f"{status.loss:.4f}",
-                  f"{status.tokens_per_s:,.0f}", str(status.last_group), _fmt_bytes(status.bytes_sent),
-                  _fmt_bytes(status.bytes_received))
+                  f"{status.tokens_per_s:,.0f}", str(status.last_group), fmt_bytes(status.bytes_sent),
+                  fmt_bytes(status.bytes_received))
     return table
 
 

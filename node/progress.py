@@ -17,16 +17,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from pathswarm.node.fmt import fmt_bytes
 from pathswarm.node.simulate import SimConfig, SimResult, run_simulation
 from pathswarm.protocol.spec import SwarmSpec
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000:
-            return f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} PB"
 
 
 def run_with_progress(spec: SwarmSpec, cfg: SimConfig, console: Console | None = None) -> SimResult:
@@ -50,7 +43,7 @@ def run_with_progress(spec: SwarmSpec, cfg: SimConfig, console: Console | None =
                 per_path = " ".join(f"{p}={v:.3f}" for p, v in info["val_loss"].items() if p != "all")
                 progress.console.print(
                     f"round {info['round']}/{cfg.rounds}: val loss {info['val_loss']['all']:.4f} ({per_path}) "
-                    f"tokens {info['tokens']:,} sent {_fmt_bytes(info['bytes_sent'])} "
+                    f"tokens {info['tokens']:,} sent {fmt_bytes(info['bytes_sent'])} "
                     f"replicas {'identical' if info['replicas_identical'] else 'DIFFER'}")
 
         result = run_simulation(spec, cfg, on_event=on_event)
@@ -71,8 +64,8 @@ def summary_table(result: SimResult) -> Table:
             continue
         table.add_row(p, f"{before:.4f}", f"{after:.4f}", f"{(after - before) / before:+.1%}")
     ratio = result.ddp_fp32_bytes_equivalent / result.bytes_sent_total if result.bytes_sent_total else float("inf")
-    table.caption = (f"tokens {result.tokens_total:,} · sent {_fmt_bytes(result.bytes_sent_total)} "
+    table.caption = (f"tokens {result.tokens_total:,} · sent {fmt_bytes(result.bytes_sent_total)} "
                      "vs fp32 data-parallel "
-                     f"{_fmt_bytes(result.ddp_fp32_bytes_equivalent)} ({ratio:,.0f}× less) · replicas "
+                     f"{fmt_bytes(result.ddp_fp32_bytes_equivalent)} ({ratio:,.0f}× less) · replicas "
                      f"{'identical' if result.replicas_identical else 'DIFFER'}")
     return table

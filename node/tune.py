@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
+import numpy as np
 import torch
 
 from pathswarm.node.data import Document, TokenSampler, split
@@ -197,6 +198,31 @@ def choose_lr(trials: Sequence[Trial]) -> float:
     return _argmin(excess)
 
 
+FIT_MARGIN = 0.1
+"""Nats above the best loss within which grid points join the parabola of `fitted_log2_optimum`."""
+
+
+def fitted_log2_optimum(losses: dict[float, float], margin: float = FIT_MARGIN) -> float:
+    """log2 of the loss-minimising lr between grid points: the vertex of a parabola fitted (least squares,
+    in log2 lr) to the best point, its two neighbours and every point within `margin` nats of the best.
+
+    On a flat bottom a single-seed argmin jumps between neighbours on noise; the vertex moves only
+    as much as the whole bottom does. Falls back to the argmin where the fit is not convex, and is
+    clipped to the range of the points fitted."""
+    finite = sorted((math.log2(lr), v) for lr, v in losses.items() if math.isfinite(v))
+    if not finite:
+        raise ValueError("every learning rate diverged")
+    i = min(range(len(finite)), key=lambda j: finite[j][1])
+    best = finite[i][1]
+    pts = [p for j, p in enumerate(finite) if abs(j - i) <= 1 or p[1] <= best + margin]
+    if len(pts) < 3:
+        return finite[i][0]
+    a, b, _ = np.polyfit([x for x, _ in pts], [y for _, y in pts], 2)
+    if a <= 0:
+        return finite[i][0]
+    return float(min(max(-b / (2 * a), pts[0][0]), pts[-1][0]))
+
+
 def grid_shift(best: dict[int, float], lrs: Sequence[float]) -> int:
     """How many grid steps the best lr moves across widths (max index − min index in the sorted grid)."""
     grid = sorted(lrs)
@@ -214,10 +240,13 @@ def sweep_report(trials: Sequence[Trial]) -> dict:
     table = mean_losses(trials)
     lrs = sorted({t.lr for t in trials})
     best = best_lr_per_width(trials)
+    fitted = {w: fitted_log2_optimum(by_lr) for w, by_lr in table.items()}
     return {"lrs": lrs,
             "val_loss": {str(w): [_json_number(by_lr.get(lr, math.inf)) for lr in lrs] for w, by_lr in table.items()},
             "best_lr_per_width": {str(w): lr for w, lr in best.items()},
-            "shift_grid_steps": grid_shift(best, lrs), "chosen_lr": choose_lr(trials),
+            "shift_grid_steps": grid_shift(best, lrs),
+            "fitted_log2_optimum_per_width": {str(w): x for w, x in fitted.items()},
+            "fitted_shift_log2": max(fitted.values()) - min(fitted.values()), "chosen_lr": choose_lr(trials),
             "trials": [{k: _json_number(v) for k, v in dataclasses.asdict(t).items()} for t in trials]}
 
 
@@ -319,8 +348,10 @@ def _tune(spec_path: str, widths: str, lrs: str | None, grid: int, steps: int, s
     click.echo(f"validation loss (nats/byte) after {steps} steps, {spec.model.parametrization}, "
                f"base width {spec.model.base_width}; * = best at that width")
     click.echo(format_table(trials))
+    fitted = ", ".join(f"{w}: {2 ** x:.3g}" for w, x in report["fitted_log2_optimum_per_width"].items())
     click.echo(f"best lr moves {report['shift_grid_steps']} grid step(s) across widths "
-               f"{', '.join(map(str, cfg.widths))}")
+               f"{', '.join(map(str, cfg.widths))}; fitted optimum per width {fitted} "
+               f"(moves {report['fitted_shift_log2']:.2f} factors of 2)")
     click.echo(f"chosen inner lr: {chosen:.4g} (spec had {spec.inner.lr:.4g})")
     if write:
         new = with_inner_lr(spec, chosen)
