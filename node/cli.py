@@ -373,5 +373,14 @@ def generate(spec_path: str, checkpoint_dir: str, prompt: str, max_bytes: int, t
     click.echo(f"[path {path}] {prompt}{text}")
 
 
+def _register_tune() -> None:
+    from pathswarm.node.tune import tune_command
+
+    main.add_command(tune_command, "tune")
+
+
+_register_tune()
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

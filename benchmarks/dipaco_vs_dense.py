@@ -1,0 +1,215 @@
+"""DiPaCo vs dense at small scale: a 2x2 swarm of routed paths against dense models on BBC News.
+
+Claim (DiPaCo, arXiv 2403.10616): routed paths reach a lower validation loss than a dense model of one
+path's size trained on all documents with the same per-path compute; the paper also compares with a
+dense model as large as the whole swarm. Arms (all in node/simulate.py, same width, data and seeds):
+
+- dipaco: levels 2x2 (4 paths: shared module + one module per level), one worker per path, each on the
+  documents the router sends to it, H inner AdamW steps then DiLoCo outer steps per module;
+- dense-path: a dense model of exactly one path's size (levels 1x1, same modules) trained with plain
+  AdamW on all documents for the same steps × batch as each DiPaCo path (same per-path compute);
+- dense-path-diloco: the same model trained with the same DiLoCo optimiser as the paths (1 worker: H
+  inner steps, then the outer Nesterov step), to separate the optimiser's effect from routing's;
+- dense-large: a dense model with the swarm's total parameter count (levels 1x1, twice the layers per
+  module: shared + 4 modules' worth of blocks), synchronous data-parallel over 4 workers for the same
+  steps, so it sees the same tokens as the whole swarm (at ≈ 1.9× the swarm's FLOPs: a generous upper
+  reference, not a same-compute one).
+
+Every arm is scored on the same windows: the whole validation split, grouped by (topic, routed path);
+a DiPaCo document is scored by the path the router picks for it, a dense one by the dense model.
+
+    nice -n 10 .venv/bin/python benchmarks/dipaco_vs_dense.py          # ≈ 20 min on 2 shared cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from _swarm_common import machine, write_json
+
+from pathswarm.node.checkpoint import load_checkpoint
+from pathswarm.node.data import Document, TokenSampler, load_documents, split
+from pathswarm.node.evaluate import model_from_checkpoint
+from pathswarm.node.inner import evaluate_loss
+from pathswarm.node.model import count_module_params, path_param_count
+from pathswarm.node.router import assignment_table, route_many
+from pathswarm.node.simulate import SimConfig, run_simulation
+from pathswarm.node.swarm_init import init_spec
+from pathswarm.protocol.spec import DataSpec, InnerOptSpec, ModelSpec, SwarmSpec, format_path
+
+RESULTS = Path(__file__).parent / "results"
+EVAL_BATCH = 32
+
+
+def make_spec(docs: list[Document], levels: tuple[int, ...], layers: int, args) -> SwarmSpec:
+    base = SwarmSpec(name=f"dipaco-vs-dense-{'x'.join(map(str, levels))}-l{layers}", levels=levels,
+                     model=ModelSpec(width=args.width, base_width=64, n_heads=4, layers_per_module=layers,
+                                     context_len=args.context_len),
+                     inner=InnerOptSpec(batch_size=args.batch_size, steps=args.inner_steps),
+                     data=DataSpec(corpus="bbc"))
+    return init_spec(base, docs)
+
+
+def eval_groups(swarm: SwarmSpec, val: list[Document]) -> dict[tuple[str, tuple[int, ...]], list]:
+    """(topic, routed path of the swarm) → fixed validation batches covering all of those documents."""
+    assign = route_many([d.text for d in val], swarm.router)
+    groups: dict[tuple[str, tuple[int, ...]], list[Document]] = {}
+    for d, a in zip(val, assign, strict=True):
+        groups.setdefault((d.label, swarm.path_of_index(int(a))), []).append(d)
+    ctx = swarm.model.context_len
+    return {key: list(TokenSampler(docs, ctx).eval_batches(EVAL_BATCH, 10**6)) for key, docs in sorted(groups.items())}
+
+
+def score(spec: SwarmSpec, checkpoint_dir: str, groups: dict, routed: bool) -> dict:
+    """Loss per topic and overall (token-weighted) on the fixed groups; routed: each group by its path."""
+    ckpt = load_checkpoint(checkpoint_dir, spec)
+    models = {}
+    per_topic: dict[str, list[float]] = {}
+    for (topic, path), batches in groups.items():
+        key = path if routed else spec.path_of_index(0)
+        if key not in models:
+            models[key] = model_from_checkpoint(spec, ckpt, key)
+        loss, n = evaluate_loss(models[key], batches)
+        acc = per_topic.setdefault(topic, [0.0, 0])
+        acc[0] += loss * n
+        acc[1] += n
+    total = sum(v[0] for v in per_topic.values())
+    tokens = sum(v[1] for v in per_topic.values())
+    return {"all": total / tokens, "tokens": tokens,
+            "per_topic": {t: v[0] / v[1] for t, v in sorted(per_topic.items())}}
+
+
+def run_arm(name: str, spec: SwarmSpec, cfg: SimConfig, docs: list[Document], groups: dict, routed: bool) -> dict:
+    with tempfile.TemporaryDirectory() as ckpt:
+        res = run_simulation(spec, dataclasses.replace(cfg, checkpoint_dir=ckpt), docs=docs)
+        final = score(spec, ckpt, groups, routed)
+    steps_per_point = res.inner_steps
+    curve = [{"inner_steps": 0, "tokens": 0, "val_loss": res.val_loss_before["all"]}]
+    curve += [{"inner_steps": r["round"] * steps_per_point, "tokens": r["tokens"], "val_loss": r["val_loss"]["all"]}
+              for r in res.rounds]
+    params_held = sum(count_module_params(spec).values())
+    print(f"{name:18s} val {final['all']:.4f}  " + " ".join(f"{t} {v:.3f}" for t, v in final["per_topic"].items())
+          + f"  ({res.wall_s:.0f} s)", flush=True)
+    return {"name": name, "mode": cfg.mode, "workers": res.workers, "levels": list(spec.levels),
+            "layers_per_module": spec.model.layers_per_module, "params_per_path": path_param_count(spec),
+            "params_total": params_held, "inner_steps_per_worker": cfg.rounds * res.inner_steps,
+            "tokens": res.tokens_total, "final_val_loss": final["all"], "final_eval_tokens": final["tokens"],
+            "per_topic": final["per_topic"], "curve": curve, "curve_eval_batches": cfg.eval_batches,
+            "wall_s": res.wall_s}
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = result["arms"]
+    colors = {"dipaco": "tab:red", "dense-path": "tab:blue", "dense-path-diloco": "tab:cyan", "dense-large": "black"}
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.4))
+    for arm in arms:
+        ax.plot([p["inner_steps"] for p in arm["curve"]], [p["val_loss"] for p in arm["curve"]], "-",
+                color=colors.get(arm["name"]), label=f"{arm['name']} ({arm['params_total'] / 1e3:.0f}k params)")
+    lo = min(p["val_loss"] for a in arms for p in a["curve"])
+    ax.set_ylim(lo - 0.05, lo + 1.0)
+    ax.set_xlabel("inner steps per worker")
+    ax.set_ylabel("validation loss (nats/byte)")
+    ax.set_title("loss curves (subset of validation windows)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    topics = list(arms[0]["per_topic"]) + ["all"]
+    width = 0.8 / len(arms)
+    for i, arm in enumerate(arms):
+        vals = [arm["per_topic"][t] for t in topics[:-1]] + [arm["final_val_loss"]]
+        bx.bar([j + i * width for j in range(len(topics))], vals, width, color=colors.get(arm["name"]),
+               label=arm["name"])
+    finals = [v for a in arms for v in list(a["per_topic"].values()) + [a["final_val_loss"]]]
+    bx.set_ylim(min(finals) - 0.1, max(finals) + 0.15)
+    bx.set_xticks([j + width * (len(arms) - 1) / 2 for j in range(len(topics))], topics, rotation=15)
+    bx.set_ylabel("final validation loss (nats/byte)")
+    bx.set_title("final loss per topic, whole validation split")
+    bx.legend(fontsize=8, ncol=2, loc="upper center")
+    fig.suptitle("DiPaCo 2x2 routed paths vs dense models on BBC News")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--inner-steps", type=int, default=50, help="H")
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=1, help="blocks per level module of the swarm")
+    ap.add_argument("--context-len", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--eval-batches", type=int, default=8, help="curve: validation batches per path and round")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--arms", default="dipaco,dense-path,dense-path-diloco,dense-large")
+    ap.add_argument("--json", default=str(RESULTS / "dipaco_vs_dense.json"))
+    ap.add_argument("--plot", default=str(RESULTS / "dipaco_vs_dense.png"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    docs = load_documents(DataSpec(corpus="bbc"))
+    random.Random(0).shuffle(docs)  # topic-sorted corpus; curve windows are read from the stream's start
+    swarm = make_spec(docs, (2, 2), args.layers, args)
+    path_dense = make_spec(docs, (1, 1), args.layers, args)
+    large_dense = make_spec(docs, (1, 1), 2 * args.layers, args)
+    train, val = split(docs, swarm.data.val_fraction)
+    groups = eval_groups(swarm, val)
+    common = dict(rounds=args.rounds, inner_steps=args.inner_steps, seed=args.seed)
+    arms_cfg = {
+        "dipaco": (swarm, SimConfig(mode="dipaco", eval_batches=args.eval_batches, **common), True),
+        "dense-path": (path_dense, SimConfig(mode="sync", workers=1, eval_batches=4 * args.eval_batches, **common),
+                       False),
+        "dense-path-diloco": (path_dense, SimConfig(mode="diloco", workers=1, eval_batches=4 * args.eval_batches,
+                                                    **common), False),
+        "dense-large": (large_dense, SimConfig(mode="sync", workers=swarm.n_paths,
+                                               eval_batches=4 * args.eval_batches, **common), False),
+    }
+    arms = [run_arm(name, *arms_cfg[name][:2], docs, groups, arms_cfg[name][2]) for name in args.arms.split(",")]
+    by = {a["name"]: a for a in arms}
+    summary = {}
+    if "dipaco" in by and "dense-path" in by:
+        summary["dipaco_vs_dense_path"] = by["dipaco"]["final_val_loss"] / by["dense-path"]["final_val_loss"]
+    if "dipaco" in by and "dense-path-diloco" in by:
+        summary["dipaco_vs_dense_path_diloco"] = (by["dipaco"]["final_val_loss"]
+                                                  / by["dense-path-diloco"]["final_val_loss"])
+    if "dipaco" in by and "dense-large" in by and "dense-path" in by:
+        d, a, b = (by[k]["final_val_loss"] for k in ("dipaco", "dense-path", "dense-large"))
+        summary["dipaco_vs_dense_large"] = d / b
+        # 0: DiPaCo no better than the path-size dense model; 1: as good as the large one.
+        summary["gap_closed_to_large"] = (a - d) / (a - b) if a != b else None
+    routing = assignment_table(val, swarm.router, swarm)
+    result = {
+        "claim": "DiPaCo routed paths beat a dense model of one path's size trained on all documents with the "
+                 "same per-path compute; how close they come to a dense model of the whole swarm's size",
+        "config": {"levels": list(swarm.levels), "width": args.width, "layers_per_module": args.layers,
+                   "context_len": args.context_len, "batch_size": args.batch_size, "rounds": args.rounds,
+                   "inner_steps": args.inner_steps, "inner_lr": swarm.inner.lr, "outer_lr": swarm.outer.lr,
+                   "outer_momentum": swarm.outer.momentum, "seed": args.seed, "corpus": "bbc",
+                   "train_docs": len(train), "val_docs": len(val),
+                   "eval": "whole validation split, grouped by (topic, routed path); same windows for every arm"},
+        "routing_val": {"purity": routing["purity"],
+                        "paths": {format_path(p["path"]): p["labels"] for p in routing["paths"]}},
+        "arms": arms, "summary": summary,
+        "reproduced": bool(summary.get("dipaco_vs_dense_path", 2) < 1),
+        "wall_s": time.perf_counter() - t0,
+        "machine": machine(),
+    }
+    write_json(args.json, result)
+    print(json.dumps(summary, indent=1))
+    plot(result, Path(args.plot))
+
+
+if __name__ == "__main__":
+    main()
