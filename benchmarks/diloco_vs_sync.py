@@ -18,6 +18,7 @@ The final loss is measured on the same 2,048 validation windows of BBC News for 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import tempfile
 import time
@@ -100,7 +101,7 @@ def plot(result: dict, path: Path) -> None:
     lo = min(p["val_loss"] for a in result["arms"] for p in a["curve"])
     ax.set_ylim(lo - 0.05, lo + 1.0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper right")
     diloco = [a for a in result["arms"] if a["mode"] == "diloco"]
     names = [a["label"].replace("diloco ", "").replace(", plain averaging", "\nplain avg.") for a in diloco]
     ratios = [a["loss_ratio_vs_sync"] for a in diloco]
@@ -137,7 +138,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=str(RESULTS / "diloco_vs_sync.json"))
     ap.add_argument("--plot", default=str(RESULTS / "diloco_vs_sync.png"))
+    ap.add_argument("--replot", action="store_true", help="only redraw --plot from the results in --json")
     args = ap.parse_args()
+    if args.replot:
+        return plot(json.loads(Path(args.json).read_text()), Path(args.plot))
     torch.set_num_threads(args.threads)
     hs = [int(h) for h in args.inner_steps.split(",")]
     if any(args.total_steps % h for h in hs + [args.eval_every, args.averaging_arm or 1]):

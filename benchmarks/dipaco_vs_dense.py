@@ -18,7 +18,7 @@ dense model as large as the whole swarm. Arms (all in node/simulate.py, same wid
 Every arm is scored on the same windows: the whole validation split, grouped by (topic, routed path);
 a DiPaCo document is scored by the path the router picks for it, a dense one by the dense model.
 
-    nice -n 10 .venv/bin/python benchmarks/dipaco_vs_dense.py          # ≈ 20 min on 2 shared cores
+    nice -n 10 .venv/bin/python benchmarks/dipaco_vs_dense.py          # ≈ 12 min on 2 shared cores
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def plot(result: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--inner-steps", type=int, default=50, help="H")
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--layers", type=int, default=1, help="blocks per level module of the swarm")
@@ -156,7 +156,10 @@ def main() -> None:
     ap.add_argument("--arms", default="dipaco,dense-path,dense-path-diloco,dense-large")
     ap.add_argument("--json", default=str(RESULTS / "dipaco_vs_dense.json"))
     ap.add_argument("--plot", default=str(RESULTS / "dipaco_vs_dense.png"))
+    ap.add_argument("--replot", action="store_true", help="only redraw --plot from the results in --json")
     args = ap.parse_args()
+    if args.replot:
+        return plot(json.loads(Path(args.json).read_text()), Path(args.plot))
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     docs = load_documents(DataSpec(corpus="bbc"))

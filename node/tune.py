@@ -353,6 +353,9 @@ def _tune(spec_path: str, widths: str, lrs: str | None, grid: int, steps: int, s
                f"{', '.join(map(str, cfg.widths))}; fitted optimum per width {fitted} "
                f"(moves {report['fitted_shift_log2']:.2f} factors of 2)")
     click.echo(f"chosen inner lr: {chosen:.4g} (spec had {spec.inner.lr:.4g})")
+    if chosen in (min(cfg.lrs), max(cfg.lrs)):
+        console.print("[yellow]warning:[/] the chosen lr is at the edge of the grid: the optimum may lie beyond "
+                      "it (widen --grid or --lrs)")
     if write:
         new = with_inner_lr(spec, chosen)
         Path(spec_path).write_text(new.to_toml(), encoding="utf-8")
