@@ -12,7 +12,7 @@ Two diagnostic arms: one worker alone (the paper's no-communication baseline, a 
 and DiLoCo at H = 50 whose outer step is plain parameter averaging (outer SGD, lr 1, no momentum).
 The final loss is measured on the same 2,048 validation windows of BBC News for every arm.
 
-    nice -n 10 .venv/bin/python benchmarks/diloco_vs_sync.py           # ≈ 25 min on 2 shared cores
+    nice -n 10 .venv/bin/python benchmarks/diloco_vs_sync.py     # 10 min measured (25 under heavy CPU sharing)
 """
 
 from __future__ import annotations

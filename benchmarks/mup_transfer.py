@@ -14,7 +14,7 @@ tokens), BBC News leaves every model on the same early plateau (≈ 2.8 nats/byt
 learning rates differ by less than the run-to-run noise, so its argmin says nothing (`--corpus bbc`
 to see it); the generated corpus gives a clean U-shaped curve in the same budget.
 
-    nice -n 10 .venv/bin/python benchmarks/mup_transfer.py            # ≈ 30 min on 2 shared cores
+    nice -n 10 .venv/bin/python benchmarks/mup_transfer.py       # 35 min measured beside other runs; ≈ 25 alone
 """
 
 from __future__ import annotations

@@ -21,15 +21,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import numpy as np
-import torch
 
-from pathswarm.node.data import Document, TokenSampler, split
-from pathswarm.node.inner import evaluate_loss, make_inner_optimizer, train_steps
-from pathswarm.node.model import build_path
 from pathswarm.protocol.spec import SwarmSpec
+
+if TYPE_CHECKING:
+    from pathswarm.node.data import Document
+
+# torch and the modules that import it are imported inside the functions that train: node/cli.py
+# registers `tune_command` at import time, and `pathswarm --help` should not pay for loading torch.
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +105,8 @@ def proxy_spec(spec: SwarmSpec, width: int, parametrization: str = "", seed_offs
 def validation_batches(spec: SwarmSpec, docs: Sequence[Document], n_batches: int) -> list:
     """Fixed validation windows from the spec's validation split, documents in a seeded shuffled order
     (corpora are often sorted by topic, and the windows are taken from the start of the stream)."""
+    from pathswarm.node.data import TokenSampler, split
+
     _, val = split(docs, spec.data.val_fraction)
     if not val:
         raise ValueError("the validation split is empty: use more documents or a larger data.val_fraction")
@@ -122,7 +127,10 @@ def _stop_if_diverged(step: int, loss: float) -> None:
 def run_trial(spec: SwarmSpec, lr: float, train_docs: Sequence[Document], val_batches: list, steps: int,
               seed: int) -> tuple[float, float]:
     """Train a fresh path of `spec` for `steps` AdamW steps at inner lr `lr`: (val loss, train loss)."""
-    torch.manual_seed(seed)
+    from pathswarm.node.data import TokenSampler
+    from pathswarm.node.inner import evaluate_loss, make_inner_optimizer, train_steps
+    from pathswarm.node.model import build_path
+
     model = build_path(spec, spec.path_of_index(0))
     opt = make_inner_optimizer(model, spec.inner, lr)
     sampler = TokenSampler(train_docs, spec.model.context_len, seed=seed)
@@ -139,6 +147,8 @@ def run_trial(spec: SwarmSpec, lr: float, train_docs: Sequence[Document], val_ba
 def sweep(spec: SwarmSpec, cfg: SweepConfig, docs: Sequence[Document],
           on_trial: Callable[[Trial], None] | None = None) -> list[Trial]:
     """Every (width, lr, seed) of `cfg`, widths outermost; the same data for every lr and width of a seed."""
+    from pathswarm.node.data import split
+
     train, _ = split(docs, spec.data.val_fraction)
     val_batches = validation_batches(spec, docs, cfg.eval_batches)
     trials = []
