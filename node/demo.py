@@ -22,6 +22,17 @@ from pathswarm.node.swarm_init import format_init_report, init_spec
 from pathswarm.protocol.spec import InnerOptSpec, SwarmSpec
 
 
+def _save_figure(fig, ax, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_losses(result: SimResult, path: Path) -> None:
     import matplotlib
 
@@ -37,16 +48,11 @@ def plot_losses(result: SimResult, path: Path) -> None:
     ax.set_xlabel("outer round")
     ax.set_ylabel("routed validation loss (nats/byte)")
     ax.set_title(f"pathswarm demo: {result.mode}, {result.workers} workers, H={result.inner_steps}")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, ax, path)
 
 
 def run_simulated_demo(rounds: int, inner_steps: int, out_dir: Path, json_path: Path | None = None,
-             plot_path: Path | None = None) -> SimResult:
+                       plot_path: Path | None = None) -> SimResult:
     console = Console(stderr=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     base = SwarmSpec(name="pathswarm-demo", inner=InnerOptSpec(steps=inner_steps))
@@ -135,12 +141,7 @@ def plot_node_curves(summary: dict, path: Path) -> None:
     ax.set_xlabel("outer round")
     ax.set_ylabel("training loss (nats/byte)")
     ax.set_title("pathswarm local swarm: loss per node and path")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, ax, path)
 
 
 def run_demo(nodes: int, rounds: int, inner_steps: int, out_dir: Path, json_path: Path | None = None,
