@@ -74,62 +74,78 @@ def _chunks(n: int, block_size: int):
         yield start, m, -(-m // block_size)
 
 
+def _fp32_chunk(flat: torch.Tensor, start: int, m: int, mp: int, staged: torch.Tensor) -> torch.Tensor:
+    """flat[start:start + m] as float32 padded with zeros to mp values (a view when no copy is needed);
+    zeros change neither a block's absmax nor its sum of squares."""
+    x = flat[start:start + m]
+    if x.dtype == torch.float32 and m == mp:
+        return x
+    staged[:m].copy_(x)
+    staged[m:mp].zero_()
+    return staged[:mp]
+
+
 def quantize(flat: torch.Tensor, block_size: int, target_error: float, scale_max: float,
              q_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise a 1-D contiguous CPU float tensor (fp32, fp16 or bf16).
 
     Returns q (int8, n_blocks * block_size values: the ones past numel are padding; written into
     q_out when given) and the scales (float32 holding bfloat16 values, one per block).
-    Raises ValueError on NaN or Inf."""
+    Raises ValueError on NaN or Inf.
+
+    Two passes over cache-sized chunks: the first collects each block's absmax and L2 norm, then all
+    scales are computed at once (a few ops over n / block_size values instead of a dozen small ops per
+    chunk, and the tensor's norm comes from the block norms instead of another pass over memory); the
+    second divides, rounds and narrows to int8."""
     n = flat.numel()
     n_blocks = -(-n // block_size)
     q = torch.empty(n_blocks * block_size, dtype=torch.int8) if q_out is None else q_out
     scales = torch.empty(n_blocks, dtype=torch.float32)
     if n == 0:
         return q, scales
-    chunk = min(max(1, CHUNK_ELEMENTS // block_size) * block_size, -(-n // block_size) * block_size)
+    chunk = min(max(1, CHUNK_ELEMENTS // block_size) * block_size, n_blocks * block_size)
     work = torch.empty(chunk, dtype=torch.float32)  # |x|, then x / s
     staged = torch.empty(chunk, dtype=torch.float32)  # fp32 copy of half inputs and of the ragged last block
-    absmax = torch.empty(chunk // block_size, dtype=torch.float32)
-    floor = torch.empty(chunk // block_size, dtype=torch.float32)
-    inv = torch.empty(chunk // block_size, dtype=torch.float32)
-    # floor = sqrt(12) * min(target_error * rms_tensor, BLOCK_ERROR_CAP * ||block|| / sqrt(count)); the block
-    # term is also capped at sqrt(12) * BLOCK_ERROR_CAP * absmax (rms <= absmax), which only matters when
-    # squares overflow float32 (an overflowed tensor rms is Inf and leaves the block term in charge).
-    tensor_rms = float(torch.linalg.vector_norm(flat, dtype=torch.float32)) / math.sqrt(n) if target_error else 0.0
-    floor_tensor = math.sqrt(12) * target_error * tensor_rms if math.isfinite(tensor_rms) else math.inf
-    floor_per_norm = math.sqrt(12) * BLOCK_ERROR_CAP / math.sqrt(block_size)
-    floor_cap = math.sqrt(12) * BLOCK_ERROR_CAP
+    absmax = torch.empty(n_blocks, dtype=torch.float32)
+    norms = torch.empty(n_blocks, dtype=torch.float32) if target_error > 0 else None
     for start, m, k in _chunks(n, block_size):
         mp, b0 = k * block_size, start // block_size
-        x = flat[start:start + m]
-        if x.dtype != torch.float32 or m != mp:
-            staged[:m].copy_(x)
-            staged[m:mp].zero_()  # zeros change neither absmax nor the sum of squares
-            x = staged[:mp]
-        xv, w = x.view(k, block_size), work[:mp]
-        a, s, f, r = absmax[:k], scales[b0:b0 + k], floor[:k], inv[:k]
+        x = _fp32_chunk(flat, start, m, mp, staged)
+        w = work[:mp]
         torch.abs(x, out=w)
-        torch.amax(w.view(k, block_size), dim=1, out=a)
-        top = float(a.max())
-        if not math.isfinite(top):
-            block = b0 + int((~torch.isfinite(a)).nonzero()[0])
-            raise ValueError(f"tensor contains NaN or Inf (first in elements {block * block_size}.."
-                             f"{min(n, (block + 1) * block_size) - 1}); refusing to encode it")
-        torch.mul(a, 1.0 / QMAX, out=s)
-        if target_error > 0:
-            torch.linalg.vector_norm(xv, dim=1, out=f)
-            f.mul_(floor_per_norm)
-            if m != mp:  # the ragged block's rms is over its own values, not the padding
-                f[-1:].mul_(math.sqrt(block_size / (m - (k - 1) * block_size)))
-            torch.minimum(f, torch.mul(a, floor_cap, out=r), out=f)
-            f.clamp_(max=floor_tensor)
-            torch.maximum(s, f, out=s)
-        round_up_to_bf16_(s).clamp_(TINY, scale_max)
-        torch.reciprocal(s, out=r)
-        torch.mul(xv, r[:, None], out=w.view(k, block_size))
+        torch.amax(w.view(k, block_size), dim=1, out=absmax[b0:b0 + k])
+        if norms is not None:
+            torch.linalg.vector_norm(x.view(k, block_size), dim=1, out=norms[b0:b0 + k])
+    top = float(absmax.max())
+    if not math.isfinite(top):
+        block = int((~torch.isfinite(absmax)).nonzero()[0])
+        raise ValueError(f"tensor contains NaN or Inf (first in elements {block * block_size}.."
+                         f"{min(n, (block + 1) * block_size) - 1}); refusing to encode it")
+    torch.mul(absmax, 1.0 / QMAX, out=scales)
+    if norms is not None:
+        # floor = sqrt(12) * min(target_error * rms_tensor, BLOCK_ERROR_CAP * ||block|| / sqrt(count)); the
+        # block term is also capped at sqrt(12) * BLOCK_ERROR_CAP * absmax (rms <= absmax), which only
+        # matters when squares overflow float32 (an overflowed tensor rms is Inf and leaves the block term
+        # in charge).
+        tensor_rms = float(torch.linalg.vector_norm(norms)) / math.sqrt(n)
+        floor_tensor = math.sqrt(12) * target_error * tensor_rms if math.isfinite(tensor_rms) else math.inf
+        floor = norms.mul_(math.sqrt(12) * BLOCK_ERROR_CAP / math.sqrt(block_size))
+        last = n - (n_blocks - 1) * block_size
+        if last != block_size:  # the ragged block's rms is over its own values, not the padding
+            floor[-1:].mul_(math.sqrt(block_size / last))
+        torch.minimum(floor, absmax.mul_(math.sqrt(12) * BLOCK_ERROR_CAP), out=floor)
+        floor.clamp_(max=floor_tensor)
+        torch.maximum(scales, floor, out=scales)
+    round_up_to_bf16_(scales).clamp_(TINY, scale_max)
+    inv = torch.reciprocal(scales)
+    saturate = top > QMAX * scale_max
+    for start, m, k in _chunks(n, block_size):
+        mp, b0 = k * block_size, start // block_size
+        x = _fp32_chunk(flat, start, m, mp, staged)
+        w = work[:mp]
+        torch.mul(x.view(k, block_size), inv[b0:b0 + k, None], out=w.view(k, block_size))
         torch.round(w, out=w)
-        if top > QMAX * scale_max:
+        if saturate:
             # Only near the dtype's largest finite values: the scale is capped, so values beyond
             # 127 * scale_max saturate at the largest representable magnitude instead of wrapping.
             w.clamp_(-QMAX, QMAX)
