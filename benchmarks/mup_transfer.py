@@ -14,7 +14,7 @@ tokens), BBC News leaves every model on the same early plateau (≈ 2.8 nats/byt
 learning rates differ by less than the run-to-run noise, so its argmin says nothing (`--corpus bbc`
 to see it); the generated corpus gives a clean U-shaped curve in the same budget.
 
-    nice -n 10 .venv/bin/python benchmarks/mup_transfer.py       # 35 min measured beside other runs; ≈ 25 alone
+    .venv/bin/python benchmarks/mup_transfer.py       # 2 torch threads; run it alone (35 min beside other jobs)
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def main() -> None:
     ap.add_argument("--context-len", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--eval-batches", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads per trial (the machine has 2 cores)")
     ap.add_argument("--json", default=str(RESULTS / "mup_transfer.json"))
     ap.add_argument("--plot", default=str(RESULTS / "mup_transfer.png"))
     ap.add_argument("--reanalyse", action="store_true", help="recompute figures and plot from --json's trials")
