@@ -113,10 +113,15 @@ def _parse_levels(text: str) -> tuple[int, ...]:
 @click.option("--name", default="pathswarm", show_default=True, help="Swarm name (part of its id).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the router fit and the initial weights.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+@click.option("--private", is_flag=True,
+              help="Only peers holding a membership certificate from you may join: creates your owner key "
+                   "(mode 0600, in ~/.local/share/pathswarm/owners/) and puts its public half in the spec.")
+@click.option("--owner-key", type=click.Path(dir_okay=False), default=None,
+              help="With --private: write the owner key here instead (never overwritten; keep it out of the repo).")
 @friendly
 def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, width: int, base_width: int, heads: int,
                layers_per_module: int, context_len: int, inner_steps: int, inner_lr: float, name: str, seed: int,
-               force: bool) -> None:
+               force: bool, private: bool, owner_key: str | None) -> None:
     """Define a new swarm: build a spec, fit the document router, print paths and routing."""
     from pathswarm.node.data import load_documents
     from pathswarm.node.swarm_init import format_init_report, init_spec
@@ -131,12 +136,27 @@ def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, widt
         model=ModelSpec(width=width, base_width=base_width, n_heads=heads, layers_per_module=layers_per_module,
                         context_len=context_len, seed=seed),
         router=RouterSpec(seed=seed), inner=InnerOptSpec(steps=inner_steps, lr=inner_lr), data=data)
+    if owner_key and not private:
+        raise click.UsageError("--owner-key goes with --private")
     docs = load_documents(base.data)
     spec = init_spec(base, docs)
+    key_path = None
+    if private:
+        from pathswarm.protocol.identity import default_owner_key
+        from pathswarm.protocol.membership import Ed25519PrivateKey, public_key_text, save_owner_key
+        from pathswarm.protocol.spec import MembershipSpec
+
+        key = Ed25519PrivateKey.generate()
+        spec = spec.replace(membership=MembershipSpec(owner_key=public_key_text(key)))
+        key_path = Path(owner_key) if owner_key else default_owner_key(spec.membership.owner_key)
+        save_owner_key(key, key_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(spec.to_toml(), encoding="utf-8")
     click.echo(format_init_report(spec, docs))
-    click.echo(f"wrote {out} (swarm id {spec.swarm_id[:16]}…)")
+    click.echo(f"wrote {out} (swarm id {spec.swarm_id})")
+    if key_path:
+        click.echo(f"private swarm: owner key {key_path} (mode 0600; back it up, never share it). Admit a node "
+                   f"with: pathswarm swarm invite --swarm {out} --peer-id ID -o member.cert")
 
 
 @swarm.command("id")
@@ -147,22 +167,67 @@ def swarm_id(spec_path: str) -> None:
     click.echo(_load_spec_option(spec_path).swarm_id)
 
 
+@swarm.command("invite")
+@click.option("--swarm", "spec_path", required=True, type=click.Path(dir_okay=False), help="The private swarm's spec.")
+@click.option("--peer-id", required=True, help="The node's peer id (it prints it with `pathswarm node id`).")
+@click.option("--expires", default="90d", show_default=True,
+              help="How long the membership lasts: 30d, 12h, 90m, or a date like 2027-06-30 (UTC).")
+@click.option("--owner-key", type=click.Path(dir_okay=False), default=None,
+              help="The owner key (default: the one `swarm init --private` wrote for this spec).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write the certificate here (default: print it).")
+@friendly
+def swarm_invite(spec_path: str, peer_id: str, expires: str, owner_key: str | None, output: str | None) -> None:
+    """Admit one node to a private swarm: sign a membership certificate for its peer id."""
+    import time as _time
+
+    from pathswarm.protocol.identity import default_owner_key
+    from pathswarm.protocol.membership import issue, load_owner_key, parse_expiry, public_key_text
+
+    spec = _load_spec_option(spec_path)
+    if not spec.membership.private:
+        raise ValueError(f"{spec_path} is an open swarm (no membership.owner_key): anyone may join it; "
+                         "create a private one with `pathswarm swarm init --private`")
+    key_path = Path(owner_key) if owner_key else default_owner_key(spec.membership.owner_key)
+    key = load_owner_key(key_path)
+    if public_key_text(key) != spec.membership.owner_key:
+        raise ValueError(f"{key_path} is not the owner key of {spec_path} (its public key differs from the spec's)")
+    cert = issue(key, spec.swarm_id, peer_id.strip(), parse_expiry(expires))
+    when = _time.strftime("%Y-%m-%d %H:%M UTC", _time.gmtime(cert.expires_at))
+    if output:
+        Path(output).write_text(cert.token + "\n", encoding="ascii")
+        click.echo(f"wrote {output}: peer {cert.peer_id} may join swarm {spec.name!r} until {when}")
+    else:
+        click.echo(cert.token)
+        click.echo(f"(peer {cert.peer_id} may join swarm {spec.name!r} until {when})", err=True)
+
+
 @swarm.command("status")
-@click.option("--swarm", "spec_path", required=True, type=click.Path(dir_okay=False), help="The swarm's spec (TOML).")
-@click.option("--initial-peer", "initial_peers", multiple=True, required=True,
+@click.option("--swarm", "spec_path", type=str, default=None,
+              help="The swarm's spec (TOML), or 'public'.")
+@click.option("--join", "join_id", default=None, help="Or the swarm id (the spec is fetched from the swarm).")
+@click.option("--initial-peer", "initial_peers", multiple=True,
               help="Multiaddr of a peer of the swarm (repeat for several).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write JSON here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of each path's training loss over the last rounds here.")
 @friendly
-def swarm_status(spec_path: str, initial_peers: tuple[str, ...], json_path: str | None) -> None:
-    """Paths (who serves each, tokens/s, round, loss), modules (round, holders, replica agreement), totals."""
+def swarm_status(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], json_path: str | None,
+                 plot_path: str | None) -> None:
+    """Paths (who serves each, tokens/s, round, loss), modules (round, holders, replica agreement), totals.
+
+    Read from the records the swarm's nodes publish in the DHT (also in a private swarm: records are
+    signed and validated, not secret; module weights are served only to members)."""
     from rich.console import Console
     from rich.table import Table
 
-    from pathswarm.protocol.dht import start_dht
+    from pathswarm.node.joining import resolve_swarm
     from pathswarm.protocol.swarm_view import collect_view, summarize
 
-    spec = _load_spec_option(spec_path)
-    sdht = start_dht(list(initial_peers), spec=spec, client_mode=True)
+    spec, initial_peers = resolve_swarm(spec_path, join_id, initial_peers)
+    if not initial_peers:
+        raise click.UsageError("--initial-peer is required: the address of any peer of the swarm")
+    sdht = _start_client_or_explain(spec, initial_peers)
     try:
         summary = summarize(spec, collect_view(sdht, spec))
     finally:
@@ -187,6 +252,21 @@ def swarm_status(spec_path: str, initial_peers: tuple[str, ...], json_path: str 
     console.print(f"{tot['nodes']} nodes · {tot['paths_served']}/{spec.n_paths} paths served · "
                   f"{tot['tokens_per_s']:,.0f} tokens/s · sent {tot['bytes_sent']:,} B")
     _write_json(json_path, summary)
+    if plot_path:
+        from pathswarm.node.fmt import plot_path_history
+
+        plot_path_history(summary, plot_path)
+        click.echo(f"wrote {plot_path}")
+
+
+def _start_client_or_explain(spec: SwarmSpec, initial_peers: tuple[str, ...]):
+    from pathswarm.protocol.dht import start_dht
+
+    try:
+        return start_dht(list(initial_peers), spec=spec, client_mode=True)
+    except Exception:  # p2pd raises several types for "nobody answered"
+        raise ValueError(f"none of the initial peers answered ({', '.join(initial_peers)}); check the addresses "
+                         "(including their /p2p/ id), that a peer runs there, and your firewall") from None
 
 
 # ---- simulate ------------------------------------------------------------------------------------
@@ -225,11 +305,32 @@ def node() -> None:
     """Run a training node."""
 
 
+@node.command("id")
+@click.option("--identity", type=click.Path(dir_okay=False), default=None,
+              help="Identity file (default: ~/.local/share/pathswarm/identities/node.key, created if missing).")
+@friendly
+def node_id(identity: str | None) -> None:
+    """Print this node's peer id: what the owner of a private swarm needs to invite it."""
+    from pathswarm.protocol.identity import default_node_identity, ensure_identity, peer_id_of_identity
+
+    path = ensure_identity(Path(identity) if identity else default_node_identity())
+    click.echo(peer_id_of_identity(path))
+    click.echo(f"(identity {path})", err=True)
+
+
 @node.command("run")
-@click.option("--swarm", "spec_path", required=True, type=click.Path(dir_okay=False),
-              help="The swarm's spec (TOML); its swarm id must match the swarm you join.")
+@click.option("--swarm", "spec_path", default=None,
+              help="The swarm's spec (TOML), or 'public' for the public swarm listed in bootstrap/public_swarm.toml.")
+@click.option("--join", "join_id", default=None,
+              help="Join the swarm with this id (what `pathswarm bootstrap` prints): its spec is fetched from "
+                   "the initial peers and checked against the id.")
 @click.option("--initial-peer", "initial_peers", multiple=True,
               help="Multiaddr of a swarm peer to join through (repeat for several; none: start a new DHT).")
+@click.option("--membership", "membership_file", type=click.Path(dir_okay=False), default=None,
+              help="Membership certificate of a private swarm (from `pathswarm swarm invite`).")
+@click.option("--identity", type=click.Path(dir_okay=False), default=None,
+              help="Identity file, fixing the peer id (default with --membership: the one `pathswarm node id` "
+                   "shows; otherwise a fresh identity per run).")
 @click.option("--path", default="auto", show_default=True,
               help="'auto' claims the least-served path; or a path like 0.1 (one module index per level).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
@@ -252,17 +353,29 @@ def node() -> None:
 @click.option("--offline", is_flag=True,
               help="Train the very same loop with networking switched off (a baseline for benchmarks).")
 @friendly
-def node_run(spec_path: str, initial_peers: tuple[str, ...], path: str, device: str, data_dir: str | None,
+def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], membership_file: str | None,
+             identity: str | None, path: str, device: str, data_dir: str | None,
              host_maddrs: tuple[str, ...], checkpoint_dir: str | None, ready_file: str | None,
              status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int,
              offline: bool) -> None:
-    """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly)."""
+    """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly).
+
+    \b
+    pathswarm node run --swarm swarm.toml                      # start a new swarm from a spec
+    pathswarm node run --join ID --initial-peer ADDR           # join: the spec comes from the swarm
+    pathswarm node run --swarm public                          # join the public swarm
+    pathswarm node run --join ID --initial-peer ADDR --membership member.cert   # a private swarm
+    """
+    from pathswarm.node.joining import resolve_identity, resolve_swarm
     from pathswarm.node.runtime import Node, NodeConfig
 
     if max_rounds < 0:
         raise click.BadParameter("must be >= 0", param_hint="--max-rounds")
-    cfg = NodeConfig(spec=_load_spec_option(spec_path), initial_peers=tuple(initial_peers), path=path,
-                     device=device, data_dir=data_dir or "", host_maddrs=tuple(host_maddrs),
+    spec, initial_peers = resolve_swarm(spec_path, join_id, tuple(initial_peers))
+    identity_path, membership = resolve_identity(identity, membership_file, spec)
+    cfg = NodeConfig(spec=spec, initial_peers=tuple(initial_peers), path=path,
+                     identity_path=identity_path, membership=membership, device=device, data_dir=data_dir or "",
+                     host_maddrs=tuple(host_maddrs),
                      checkpoint_dir=checkpoint_dir or "", ready_file=ready_file or "",
                      status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
                      wait_peers=wait_peers, offline=offline)
@@ -281,20 +394,30 @@ def node_run(spec_path: str, initial_peers: tuple[str, ...], path: str, device: 
 
 
 @main.command()
-@click.option("--swarm", "spec_path", required=True, type=click.Path(dir_okay=False), help="The swarm's spec (TOML).")
+@click.option("--swarm", "spec_path", default=None, help="The swarm's spec (TOML).")
+@click.option("--join", "join_id", default=None,
+              help="Or the swarm id: a further bootstrap peer of a running swarm fetches the spec from it.")
+@click.option("--initial-peer", "initial_peers", multiple=True,
+              help="Another bootstrap peer of the same swarm to connect to (repeat; several may serve one swarm).")
 @click.option("--host-maddr", "host_maddrs", multiple=True, default=("/ip4/127.0.0.1/tcp/0",), show_default=True,
               help="Where to listen, e.g. /ip4/0.0.0.0/tcp/31337 for peers on other machines.")
+@click.option("--announce-maddr", "announce_maddrs", multiple=True,
+              help="Address other machines reach this peer at, e.g. /ip4/203.0.113.7/tcp/31337 (port forwarding).")
 @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
               help="Write JSON (peer id, multiaddrs) here once the peer is up.")
 @click.option("--identity", type=click.Path(dir_okay=False), default=None,
               help="RSA identity file, created with mode 0600 if missing (default: one per swarm in "
                    "~/.local/share/pathswarm/identities/). Keeps the peer id, hence the address, across restarts.")
 @friendly
-def bootstrap(spec_path: str, host_maddrs: tuple[str, ...], ready_file: str | None, identity: str | None) -> None:
-    """Run a DHT-only peer that nodes join the swarm through (trains nothing)."""
+def bootstrap(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], host_maddrs: tuple[str, ...],
+              announce_maddrs: tuple[str, ...], ready_file: str | None, identity: str | None) -> None:
+    """Run a DHT-only peer that nodes join the swarm through (trains nothing); it prints the join command."""
     from pathswarm.bootstrap.peer import run_bootstrap
+    from pathswarm.node.joining import resolve_swarm
 
-    sys.exit(run_bootstrap(_load_spec_option(spec_path), list(host_maddrs), ready_file or "", identity=identity))
+    spec, initial_peers = resolve_swarm(spec_path, join_id, tuple(initial_peers))
+    sys.exit(run_bootstrap(spec, list(host_maddrs), ready_file or "", identity=identity,
+                           initial_peers=tuple(initial_peers), announce_maddrs=tuple(announce_maddrs)))
 
 
 # ---- demo ----------------------------------------------------------------------------------------

@@ -15,22 +15,11 @@ from pathlib import Path
 from rich.console import Console
 
 from pathswarm.node.data import load_documents
-from pathswarm.node.fmt import fmt_bytes
+from pathswarm.node.fmt import fmt_bytes, save_figure
 from pathswarm.node.progress import run_with_progress
 from pathswarm.node.simulate import SimConfig, SimResult
 from pathswarm.node.swarm_init import format_init_report, init_spec
 from pathswarm.protocol.spec import InnerOptSpec, SwarmSpec
-
-
-def _save_figure(fig, ax, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def plot_losses(result: SimResult, path: Path) -> None:
@@ -48,7 +37,7 @@ def plot_losses(result: SimResult, path: Path) -> None:
     ax.set_xlabel("outer round")
     ax.set_ylabel("routed validation loss (nats/byte)")
     ax.set_title(f"pathswarm demo: {result.mode}, {result.workers} workers, H={result.inner_steps}")
-    _save_figure(fig, ax, path)
+    save_figure(fig, ax, path)
 
 
 def run_simulated_demo(rounds: int, inner_steps: int, out_dir: Path, json_path: Path | None = None,
@@ -141,7 +130,7 @@ def plot_node_curves(summary: dict, path: Path) -> None:
     ax.set_xlabel("outer round")
     ax.set_ylabel("training loss (nats/byte)")
     ax.set_title("pathswarm local swarm: loss per node and path")
-    _save_figure(fig, ax, path)
+    save_figure(fig, ax, path)
 
 
 def run_demo(nodes: int, rounds: int, inner_steps: int, out_dir: Path, json_path: Path | None = None,

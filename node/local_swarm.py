@@ -38,6 +38,8 @@ class LocalSwarm:
         self.bootstrap: subprocess.Popen | None = None
         self.maddr = ""
         self.nodes: dict[str, subprocess.Popen] = {}
+        self.extra: dict[str, subprocess.Popen] = {}
+        """Bootstrap peers and other helper processes, stopped with the swarm."""
         self._logs: list = []
 
     # ---- processes ---------------------------------------------------------------------------
@@ -48,25 +50,33 @@ class LocalSwarm:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(self.threads)}
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
-    def start_bootstrap(self, timeout_s: float = 60.0) -> str:
-        ready = self.workdir / "bootstrap.ready.json"
+    def start_bootstrap(self, timeout_s: float = 60.0, name: str = "bootstrap", args: list[str] | None = None) -> str:
+        """Start a bootstrap peer (`args` replace `--swarm SPEC`); the first one started is `self.maddr`."""
+        ready = self.workdir / f"{name}.ready.json"
         ready.unlink(missing_ok=True)
-        self.bootstrap = self._spawn("bootstrap", ["bootstrap", "--swarm", self.spec_path, "--ready-file", str(ready),
-                                                   "--identity", str(self.workdir / "bootstrap.key")])
-        info = self._wait_file(ready, self.bootstrap, "bootstrap", timeout_s)
-        self.maddr = info["maddrs"][0]
-        return self.maddr
+        proc = self._spawn(name, ["bootstrap", *(args or ["--swarm", self.spec_path]), "--ready-file", str(ready),
+                                  "--identity", str(self.workdir / f"{name}.key")])
+        self.extra[name] = proc
+        if self.bootstrap is None:
+            self.bootstrap = proc
+        maddr = self._wait_file(ready, proc, name, timeout_s)["maddrs"][0]
+        self.maddr = self.maddr or maddr
+        return maddr
 
     def node_files(self, name: str) -> dict[str, Path]:
         return {k: self.workdir / f"{name}.{k}" for k in ("ready.json", "status.json")} | {
             "checkpoint": self.workdir / f"{name}-checkpoint"}
 
     def start_node(self, name: str, path: str = "auto", max_rounds: int = 0, extra: list[str] | None = None,
-                   seed: int = 0) -> subprocess.Popen:
+                   seed: int = 0, swarm_args: list[str] | None = None,
+                   initial_peers: list[str] | None = None) -> subprocess.Popen:
+        """A node of the swarm: `swarm_args` replace `--swarm SPEC` (e.g. `--join ID`), `initial_peers`
+        replace the first bootstrap peer."""
         files = self.node_files(name)
         files["ready.json"].unlink(missing_ok=True)
-        peers = ["--initial-peer", self.maddr] if self.maddr else []
-        args = ["node", "run", "--swarm", self.spec_path, *peers, "--path", path,
+        peers = initial_peers if initial_peers is not None else ([self.maddr] if self.maddr else [])
+        args = ["node", "run", *(swarm_args or ["--swarm", self.spec_path]),
+                *[a for p in peers for a in ("--initial-peer", p)], "--path", path,
                 "--threads", str(self.threads), "--max-rounds", str(max_rounds), "--seed", str(seed),
                 "--ready-file", str(files["ready.json"]), "--status-file", str(files["status.json"]),
                 "--checkpoint-dir", str(files["checkpoint"]), *(extra or [])]
@@ -120,7 +130,8 @@ class LocalSwarm:
                          f"after {timeout_s:.0f} s")
 
     def close(self, grace_s: float = 10.0) -> None:
-        procs = [p for p in [*self.nodes.values(), self.bootstrap] if p is not None]
+        procs = list({id(p): p for p in [*self.nodes.values(), *self.extra.values(), self.bootstrap]
+                      if p is not None}.values())
         for p in procs:
             if p.poll() is None:
                 try:

@@ -78,6 +78,10 @@ class NodeConfig:
     """How long to wait for wait_peers before training anyway."""
     offline: bool = False
     """The very same loop with networking switched off (no DHT, no peers): the overhead benchmark's baseline."""
+    identity_path: str = ""
+    """libp2p identity file (fixes the peer id; '' for a fresh one each run). node/joining.py picks it."""
+    membership: str = ""
+    """This node's membership certificate (private swarms), already checked against the identity."""
 
 
 @dataclass
@@ -109,6 +113,8 @@ class NodeStatus:
     module_rounds: dict[str, int] = field(default_factory=dict)
     loss_curve: list[float] = field(default_factory=list)
     """Mean training loss of the last inner steps of every round."""
+    loss_history: list[tuple[int, float]] = field(default_factory=list)
+    """(outer round, that loss): published with the node's metrics for `swarm status --plot`."""
     groups: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     """module → outer round → the peers whose outer gradients were merged in that round."""
     history: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -137,8 +143,8 @@ class Node:
         signal.signal(signal.SIGINT, handler)
 
     def run(self) -> int:
-        from pathswarm.node.netloop import NetLoop
         from pathswarm.protocol.exchange import ModuleExchange
+        from pathswarm.protocol.netloop import NetLoop
         from pathswarm.protocol.wire import Traffic
 
         if self.cfg.threads:
@@ -172,8 +178,12 @@ class Node:
             numels = {mid: self.worker.outer[mid].anchor.numel() for mid in self.worker.module_ids}
             p2p = None if offline else self.net.run(self.sdht.dht.replicate_p2p(), 30)
             self.exchange = ModuleExchange(spec, p2p, self.status.peer_id, numels, self.local_states.get,
-                                           _post_state(spec), self.traffic)
+                                           _post_state(spec), self.traffic, membership=self.cfg.membership)
             self.net.run(self.exchange.start(), 30)
+            if not offline:  # any member can hand the spec to a machine joining with --join
+                from pathswarm.protocol.spec_share import SpecServer
+
+                self.net.run(SpecServer([spec]).start(p2p), 30)
             if offline:
                 self.holders = {mid: [self.status.peer_id] for mid in self.worker.module_ids}
                 self.reducers = {mid: self.status.peer_id for mid in self.worker.module_ids}
@@ -379,6 +389,7 @@ class Node:
             elapsed = time.perf_counter() - t0
             self.status.loss = sum(losses[-10:]) / max(1, len(losses[-10:]))
             self.status.loss_curve.append(self.status.loss)
+            self.status.loss_history.append((self.status.round + 1, self.status.loss))
             self.status.tokens_trained += self.worker.round_tokens
             self.status.tokens_per_s = self.worker.round_tokens / max(elapsed, 1e-9)
             self._poll(block=True)  # round r-1 must settle before round r is sent
@@ -511,7 +522,8 @@ class Node:
 
     def _announce(self) -> None:
         from pathswarm.protocol.dht import announce_module, publish_metrics
-        from pathswarm.protocol.records import ModuleAnnouncement, NodeMetrics
+        from pathswarm.protocol.records import MAX_HISTORY, ModuleAnnouncement, NodeMetrics
+        from pathswarm.protocol.spec_share import announce_spec_server
 
         ttl = self.spec.averaging.claim_ttl_s * 4
         try:
@@ -523,7 +535,10 @@ class Node:
             publish_metrics(self.sdht, self.spec, NodeMetrics(
                 path=self.worker.path, peer_id=self.sdht.peer_id, round=self.status.round,
                 loss=max(0.0, self.status.loss), tokens_per_s=self.status.tokens_per_s,
-                bytes_sent=self.status.bytes_sent, bytes_received=self.status.bytes_received), ttl)
+                bytes_sent=self.status.bytes_sent, bytes_received=self.status.bytes_received,
+                history=tuple((r, max(0.0, min(loss, 1e6))) for r, loss in self.status.loss_history[-MAX_HISTORY:]
+                              if loss == loss)), ttl)
+            announce_spec_server(self.sdht.dht, self.spec.swarm_id, self.sdht.peer_id, self.sdht.owner)
         except Exception as e:  # announcements are advisory; training goes on
             logger.warning("could not announce: %s", e)
 
@@ -565,7 +580,8 @@ def _start_dht_or_explain(cfg: NodeConfig, spec: SwarmSpec):
 
     t0 = time.monotonic()
     try:
-        sdht = start_dht(list(cfg.initial_peers), list(cfg.host_maddrs), spec=spec)
+        sdht = start_dht(list(cfg.initial_peers), list(cfg.host_maddrs), spec=spec,
+                         identity_path=cfg.identity_path or None, membership=cfg.membership)
     except Exception as e:  # p2pd and hivemind raise several types for the same few causes
         text = str(e)
         waited = time.monotonic() - t0

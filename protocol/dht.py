@@ -40,6 +40,7 @@ from hivemind.proto import crypto_pb2
 from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
+from pathswarm.protocol.membership import Gate, MembershipError
 from pathswarm.protocol.records import (
     MAX_RECORD_BYTES,
     ModuleAnnouncement,
@@ -89,6 +90,17 @@ def _peer_id_of_owner(owner: bytes) -> str | None:
     return base58.b58encode(b"\x12\x20" + hashlib.sha256(encoded).digest()).decode()  # 0x12 = sha2-256, 32 bytes
 
 
+def gate_of(spec: SwarmSpec) -> Gate:
+    """The membership gate of a swarm (admits everyone in an open swarm); one per swarm, so its
+    cache of verified certificates is shared by the validator and the readers of a process."""
+    return _gate(spec.membership.owner_key, spec.swarm_id)
+
+
+@functools.lru_cache(maxsize=16)
+def _gate(owner_key: str, swarm_id: str) -> Gate:
+    return Gate(owner_key, swarm_id)
+
+
 class SwarmRecordValidator(RecordValidatorBase):
     """Refuses records under a swarm's keys unless signed by an owner whose peer id they carry.
 
@@ -99,6 +111,7 @@ class SwarmRecordValidator(RecordValidatorBase):
 
     def __init__(self, spec: SwarmSpec):
         self._spec = spec
+        self._gate = gate_of(spec)
         self._models = {DHTID.generate(source=key).to_bytes(): model for key, model in swarm_keys(spec).items()}
 
     def validate(self, record: DHTRecord) -> bool:
@@ -114,6 +127,7 @@ class SwarmRecordValidator(RecordValidatorBase):
             parsed = parse_record(model, MSGPackSerializer.loads(record.value), self._spec)
             if parsed.peer_id != owner_peer_id:
                 raise RecordError(f"record names peer {parsed.peer_id[:64]} but is signed by {owner_peer_id}")
+            self._gate.check(parsed.membership, owner_peer_id)
         except Exception as e:  # anything a stranger sends is a refusal, never a crash
             logger.info("refused a %s record: %s", model.__name__, str(e)[:200])
             return False
@@ -130,7 +144,9 @@ class SwarmRecordValidator(RecordValidatorBase):
 class SwarmDHT:
     """A running DHT peer: the hivemind DHT plus the owner subkey its records are signed under."""
 
-    def __init__(self, dht: hivemind.DHT, private_key: RSAPrivateKey):
+    def __init__(self, dht: hivemind.DHT, private_key: RSAPrivateKey, membership: str = ""):
+        self.membership = membership
+        """This peer's membership certificate (private swarms), attached to every record it writes."""
         self.dht = dht
         """The hivemind DHT (averagers take it); the rest of the node uses the functions below."""
         self.owner = RSASignatureValidator(private_key).local_public_key
@@ -161,13 +177,15 @@ def start_dht(
     announce_maddrs: Sequence[str] | None = None,
     client_mode: bool = False,
     startup_timeout_s: float = 30.0,
+    membership: str = "",
 ) -> SwarmDHT:
     """Start a DHT peer and join `initial_peers` (none: start a new DHT).
 
     `host_maddrs` defaults to loopback on a free port. `spec` installs the swarm's record validator
     (a bootstrap peer serving many swarms passes None and checks signatures only). `identity_path`
     is an RSA identity file, created if missing (keep it in the user's data directory); without
-    one a fresh identity is made for this run. Raises if the initial peers cannot be reached.
+    one a fresh identity is made for this run. `membership` is this peer's certificate in a private
+    swarm (checked by the caller). Raises if the initial peers cannot be reached.
     """
     if isinstance(initial_peers, str):
         raise TypeError("initial_peers is a list of multiaddrs, not one string")
@@ -204,7 +222,7 @@ def start_dht(
         except BaseException:
             dht.shutdown()
             raise
-    return SwarmDHT(dht, private_key)
+    return SwarmDHT(dht, private_key, membership)
 
 
 def _load_identity(path: str) -> RSAPrivateKey:
@@ -221,6 +239,8 @@ def _load_identity(path: str) -> RSAPrivateKey:
 def _publish(sdht: SwarmDHT, key: str, record: _R, expiration: float) -> bool:
     if record.peer_id != sdht.peer_id:
         raise ValueError(f"record names peer {record.peer_id}, but this DHT peer is {sdht.peer_id}")
+    if sdht.membership and record.membership != sdht.membership:
+        record = record.model_copy(update={"membership": sdht.membership})
     ok = bool(sdht.dht.store(key, record_to_wire(record), expiration_time=expiration, subkey=sdht.owner))
     if not ok:
         logger.warning("DHT store of %s under %s failed (no peer accepted it)", type(record).__name__, key)
@@ -232,7 +252,7 @@ def _read(sdht: SwarmDHT, spec: SwarmSpec, key: str, model: type[_R]) -> list[_R
     found = sdht.dht.get(key, latest=True)
     if found is None or not isinstance(found.value, dict):
         return []
-    records = []
+    records, gate = [], gate_of(spec)
     for subkey, item in found.value.items():
         try:
             owner_peer_id = peer_id_of_owner(subkey) if isinstance(subkey, bytes) else None
@@ -241,7 +261,8 @@ def _read(sdht: SwarmDHT, spec: SwarmSpec, key: str, model: type[_R]) -> list[_R
             record = parse_record(model, item.value, spec)
             if record.peer_id != owner_peer_id:
                 raise RecordError(f"names peer {record.peer_id} but is signed by {owner_peer_id}")
-        except RecordError as e:
+            gate.check(record.membership, owner_peer_id)
+        except (RecordError, MembershipError) as e:
             logger.info("dropped a %s under %s: %s", model.__name__, key, e)
             continue
         records.append(record)

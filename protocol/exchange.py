@@ -29,6 +29,7 @@ import torch
 from hivemind.p2p import P2P, PeerID
 
 from pathswarm.compression import CodecError, decode, encode
+from pathswarm.protocol.membership import Gate, MembershipError
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.wire import Traffic, WireError, field_of, read_message, write_message
 
@@ -79,8 +80,12 @@ class ModuleExchange:
     def __init__(self, spec: SwarmSpec, p2p: P2P | None, peer_id: str, numels: dict[str, int],
                  state_of: Callable[[str], LocalState | None],
                  post_state: Callable[[LocalState, torch.Tensor], LocalState],
-                 traffic: Traffic | None = None):
+                 traffic: Traffic | None = None, membership: str = ""):
         self.spec = spec
+        # Private swarms: every request carries our certificate, and every request we serve must carry
+        # one that names the peer id libp2p authenticated on the stream (a copied one names another).
+        self.membership = membership
+        self.gate = Gate(spec.membership.owner_key, spec.swarm_id)
         self.p2p = p2p
         self.peer_id = peer_id
         self.numels = numels  # module id → parameter count, from the spec: bounds every message
@@ -132,6 +137,8 @@ class ModuleExchange:
         sender = info.peer_id.to_base58()
         try:
             header, _ = await read_message(reader, 0, self.traffic)
+            if not await self._admit(header, sender, writer):
+                return
             module = field_of(header, "module", str)
             if module not in self.numels:
                 raise WireError(f"unknown module {module!r}")
@@ -144,6 +151,16 @@ class ModuleExchange:
             logger.warning("contribution from %s refused: %s", sender[-8:], e)
         finally:
             writer.close()
+
+    async def _admit(self, header: dict, sender: str, writer: asyncio.StreamWriter) -> bool:
+        """Check the requester's membership (private swarms); refuse and log it when it has none valid."""
+        try:
+            self.gate.check(header.get("membership") if isinstance(header.get("membership"), str) else None, sender)
+            return True
+        except MembershipError as e:
+            logger.warning("refused peer %s: %s", sender, e)
+            await write_message(writer, {"status": "refused", "reason": str(e)[:200]}, b"", self.traffic)
+            return False
 
     async def _send_result(self, writer: asyncio.StreamWriter, r: RoundResult) -> None:
         header = {"module": r.module, "round": r.round, "status": r.status, "contributors": r.contributors,
@@ -258,13 +275,15 @@ class ModuleExchange:
         _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(reducer),
                                                                       self.contribute_name)
         try:
-            await write_message(writer, {"module": module, "round": round_, "tokens": tokens, "digest": digest},
-                                b"", self.traffic)
+            await write_message(writer, {"module": module, "round": round_, "tokens": tokens, "digest": digest,
+                                         "membership": self.membership}, b"", self.traffic)
             await write_message(writer, {}, frame, self.traffic)
             header, mean_frame = await read_message(reader, self._frame_limit(module), self.traffic)
         finally:
             writer.close()
         status = field_of(header, "status", str)
+        if status == "refused":
+            return RoundResult(module, round_, "failed", reason=f"refused: {str(header.get('reason'))[:200]}")
         contributors = header.get("contributors") if isinstance(header.get("contributors"), list) else []
         return RoundResult(module, field_of(header, "round", int), status, mean_frame,
                            [str(c) for c in contributors[:1024]], int(header.get("tokens") or 0),
@@ -274,6 +293,8 @@ class ModuleExchange:
     async def _on_state(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             header, _ = await read_message(reader, 0, self.traffic)
+            if not await self._admit(header, info.peer_id.to_base58(), writer):
+                return
             module = field_of(header, "module", str)
             state = self.state_of(module) if module in self.numels else None
             if state is None:
@@ -295,7 +316,7 @@ class ModuleExchange:
         async def go():
             _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer), self.state_name)
             try:
-                await write_message(writer, {"module": module}, b"", self.traffic)
+                await write_message(writer, {"module": module, "membership": self.membership}, b"", self.traffic)
                 return await read_message(reader, 8 * numel, self.traffic)
             finally:
                 writer.close()
@@ -304,6 +325,9 @@ class ModuleExchange:
             header, payload = await asyncio.wait_for(go(), timeout_s)
         except Exception as e:  # unreachable peer, timeout, malformed message: try another source
             logger.info("state download of %s from %s failed: %s", module, peer[-8:], e)
+            return None
+        if header.get("status") == "refused":
+            logger.warning("state download of %s refused by %s: %s", module, peer[-8:], str(header.get("reason"))[:200])
             return None
         if header.get("status") != "ok" or len(payload) != 8 * numel:
             return None

@@ -21,6 +21,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pathswarm.protocol.membership import MAX_CERT_BYTES
 from pathswarm.protocol.spec import SwarmSpec
 
 MAX_RECORD_BYTES = 4096
@@ -31,6 +32,8 @@ MAX_LEVELS = 64
 """Most levels a path may have (a spec with more would be absurd)."""
 MAX_MODULE_INDEX = 1 << 20
 """Largest module index within a level accepted in a record."""
+MAX_HISTORY = 64
+"""Most (round, loss) pairs a node's metrics carry (64 pairs stay far below MAX_RECORD_BYTES)."""
 MAX_COUNT = 1 << 62
 """Upper bound of counters (rounds, bytes, numel): keeps every integer inside int64."""
 
@@ -52,6 +55,9 @@ class RecordError(ValueError):
 class _Record(BaseModel):
     # strict: no silent coercion of "3" to 3 or True to 1; a record is exactly what we write.
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    membership: str = Field(default="", max_length=MAX_CERT_BYTES)
+    """The writer's membership certificate (protocol/membership.py); required in a private swarm."""
 
 
 class _PathRecord(_Record):
@@ -116,6 +122,16 @@ class NodeMetrics(_PathRecord):
     """Bytes sent on the wire since the node started."""
     bytes_received: Count
     """Bytes received on the wire since the node started."""
+    history: tuple[tuple[Count, Annotated[float, Field(ge=0.0, le=1e6)]], ...] = Field(
+        default=(), max_length=MAX_HISTORY)
+    """(outer round, training loss) of the node's last rounds, oldest first: `swarm status --plot` draws them."""
+
+    @field_validator("history", mode="before")
+    @classmethod
+    def _lists_to_tuples(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return tuple(tuple(x) if isinstance(x, list) else x for x in v)
+        return v
 
 
 R = TypeVar("R", bound=_Record)
@@ -235,7 +251,7 @@ def _first_error(e: ValidationError) -> str:
 
 def record_to_wire(record: _Record) -> dict[str, Any]:
     """Plain data to store in the DHT (lists, not tuples), the inverse of parse_record."""
-    return record.model_dump(mode="json")
+    return record.model_dump(mode="json", exclude_defaults=True)  # open swarms send no empty membership
 
 
 def record_to_json(record: _Record) -> bytes:

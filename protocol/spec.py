@@ -11,6 +11,7 @@ Pure code: no networking, no torch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -195,6 +196,27 @@ class AveragingSpec:
 
 
 @dataclass(frozen=True)
+class MembershipSpec:
+    """Who may join: anyone (open swarm), or only peers holding a certificate signed by the owner."""
+
+    owner_key: str = ""
+    """The owner's public key, 'ed25519:<base64url>' (set by `swarm init --private`); empty: an open swarm."""
+
+    def validate(self) -> None:
+        if self.owner_key:
+            from pathswarm.protocol.membership import MembershipError, parse_public_key
+
+            try:
+                parse_public_key(self.owner_key)
+            except MembershipError as e:
+                raise SpecError(f"membership.owner_key: {e}") from None
+
+    @property
+    def private(self) -> bool:
+        return bool(self.owner_key)
+
+
+@dataclass(frozen=True)
 class DataSpec:
     """Where documents come from and how they split into train and validation."""
 
@@ -234,6 +256,8 @@ class SwarmSpec:
     """Module-group averaging."""
     data: DataSpec = field(default_factory=DataSpec)
     """Documents."""
+    membership: MembershipSpec = field(default_factory=MembershipSpec)
+    """Open or private swarm."""
 
     def __post_init__(self) -> None:
         _check(len(self.levels) > 0, "levels", "must list at least one level")
@@ -246,6 +270,7 @@ class SwarmSpec:
         self.codec.validate()
         self.averaging.validate()
         self.data.validate()
+        self.membership.validate()
 
     def require_router(self) -> SwarmSpec:
         _check(self.router.fitted, "router.centroids",
@@ -296,8 +321,9 @@ class SwarmSpec:
     def canonical_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), allow_nan=False)
 
-    @property
+    @functools.cached_property
     def swarm_id(self) -> str:
+        # cached: the spec is frozen, and readers of the DHT need the id on every call
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
     def to_toml(self) -> str:

@@ -1,7 +1,8 @@
 """What the swarm looks like from its DHT records: paths, modules and totals, as pure data.
 
 `collect_view` reads the records nodes publish (claims, module announcements, metrics); `summarize`
-turns them into the rows `pathswarm swarm status` prints and its `--json` writes. Replica agreement
+turns them into the rows `pathswarm swarm status` prints and its `--json` writes (with each path's
+recent loss per round, which `--plot` draws). Replica agreement
 per module compares the digests announced for the newest round of that module.
 """
 
@@ -28,6 +29,15 @@ def collect_view(sdht, spec: SwarmSpec) -> SwarmView:
                      metrics=read_metrics(sdht, spec))
 
 
+def _path_history(metrics: list[NodeMetrics]) -> list[list[float]]:
+    """[[round, mean training loss of the path's nodes at that round], …] from the nodes' metrics."""
+    by_round: dict[int, list[float]] = {}
+    for m in metrics:
+        for r, loss in m.history:
+            by_round.setdefault(r, []).append(loss)
+    return [[r, sum(v) / len(v)] for r, v in sorted(by_round.items())]
+
+
 def summarize(spec: SwarmSpec, view: SwarmView) -> dict:
     metrics = {m.peer_id: m for m in view.metrics}
     paths = []
@@ -40,6 +50,7 @@ def summarize(spec: SwarmSpec, view: SwarmView) -> dict:
             "tokens_per_s": sum(m.tokens_per_s for m in ms),
             "last_round": max((m.round for m in ms), default=None),
             "loss": (sum(m.loss for m in ms) / len(ms)) if ms else None,
+            "history": _path_history(ms),
         })
     modules = []
     for mid in spec.all_module_ids():

@@ -1,0 +1,130 @@
+"""Handing a swarm's spec to a machine that knows only the swarm id: `pathswarm node run --join ID`.
+
+Every bootstrap peer and every node serves the specs it holds over a libp2p stream (`SPEC_HANDLER`;
+the request names the swarm id) and lists itself in the DHT under `pathswarm/spec-servers/<id>`, so a
+joiner whose initial peer is a plain hivemind DHT peer (which serves nothing) still finds a source.
+The joiner trusts nobody: it recomputes the id of what it received (sha256 of the canonical spec) and
+keeps it only if it equals the id it was given, so a wrong or malicious server costs one retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Iterable
+
+from hivemind.p2p import P2P, PeerID
+from hivemind.utils import get_dht_time
+
+from pathswarm.protocol.spec import SpecError, SwarmSpec, loads_spec
+from pathswarm.protocol.wire import WireError, read_message, write_message
+
+logger = logging.getLogger(__name__)
+
+SPEC_HANDLER = "pathswarm.spec"
+MAX_SPEC_BYTES = 32 << 20
+"""Largest spec accepted (a 256-path swarm's router centroids take ~2.6 MB of TOML)."""
+SERVER_TTL_S = 300.0
+SWARM_ID_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def check_swarm_id(text: str) -> str:
+    text = text.strip().lower()
+    if not SWARM_ID_RE.match(text):
+        raise ValueError(f"a swarm id is 64 hex characters (what `pathswarm swarm id` prints), got {text[:80]!r}")
+    return text
+
+
+def servers_key(swarm_id: str) -> str:
+    return f"pathswarm/spec-servers/{check_swarm_id(swarm_id)}"
+
+
+def peer_id_of_maddr(maddr: str) -> str | None:
+    """The peer id at the end of a multiaddr (`…/p2p/<id>`), or None."""
+    tail = maddr.rsplit("/p2p/", 1)
+    return tail[1].strip("/") if len(tail) == 2 and tail[1] else None
+
+
+class SpecServer:
+    """Serves the specs of the swarms this peer belongs to."""
+
+    def __init__(self, specs: Iterable[SwarmSpec]):
+        self.texts = {spec.swarm_id: spec.to_toml().encode() for spec in specs}
+
+    async def start(self, p2p: P2P) -> None:
+        await p2p.add_binary_stream_handler(SPEC_HANDLER, self._on_request)
+
+    async def _on_request(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            header, _ = await read_message(reader, 0)
+            text = self.texts.get(header.get("swarm_id")) if isinstance(header.get("swarm_id"), str) else None
+            if text is None:
+                await write_message(writer, {"status": "unknown"})
+            else:
+                await write_message(writer, {"status": "ok"}, text)
+        except (WireError, ConnectionError, asyncio.IncompleteReadError) as e:
+            logger.info("spec request from %s failed: %s", info.peer_id.to_base58()[-8:], e)
+        finally:
+            writer.close()
+
+
+def announce_spec_server(dht, swarm_id: str, peer_id: str, owner: bytes) -> bool:
+    """List this peer as a server of the swarm's spec (renew within SERVER_TTL_S)."""
+    return bool(dht.store(servers_key(swarm_id), peer_id, get_dht_time() + SERVER_TTL_S, subkey=owner))
+
+
+def spec_servers(dht, swarm_id: str) -> list[str]:
+    """Peer ids that listed themselves as servers of the swarm's spec (unverified: the spec is checked)."""
+    found = dht.get(servers_key(swarm_id), latest=True)
+    value = getattr(found, "value", None)
+    if not isinstance(value, dict):
+        return []
+    peers = [getattr(item, "value", None) for item in value.values()]
+    return sorted({p for p in peers if isinstance(p, str) and re.fullmatch(r"[0-9A-Za-z]{1,128}", p)})
+
+
+async def fetch_spec_from(p2p: P2P, peer_id: str, swarm_id: str, timeout_s: float) -> SwarmSpec:
+    """The spec of `swarm_id` as served by `peer_id`; raises ValueError saying what went wrong."""
+
+    async def go():
+        _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), SPEC_HANDLER)
+        try:
+            await write_message(writer, {"swarm_id": swarm_id})
+            return await read_message(reader, MAX_SPEC_BYTES)
+        finally:
+            writer.close()
+
+    try:
+        header, payload = await asyncio.wait_for(go(), timeout_s)
+    except Exception as e:  # unreachable, no handler (a plain DHT peer), timeout, malformed reply
+        raise ValueError(f"{peer_id[-8:]} did not serve it ({type(e).__name__}: {str(e)[:120]})") from None
+    if header.get("status") != "ok":
+        raise ValueError(f"{peer_id[-8:]} does not know swarm {swarm_id[:12]}…")
+    try:
+        spec = loads_spec(bytes(payload).decode("utf-8"), source=f"spec from {peer_id[-8:]}")
+    except (SpecError, UnicodeDecodeError) as e:
+        raise ValueError(f"{peer_id[-8:]} served an invalid spec ({str(e)[:160]})") from None
+    if spec.swarm_id != swarm_id:
+        raise ValueError(f"{peer_id[-8:]} served a spec whose id is {spec.swarm_id[:12]}…, not {swarm_id[:12]}…")
+    return spec
+
+
+async def fetch_spec(p2p: P2P, dht, swarm_id: str, initial_peers: Iterable[str],
+                     timeout_s: float = 20.0) -> SwarmSpec:
+    """Ask the initial peers, then the DHT's listed servers, for the spec; first verified answer wins.
+
+    Raises ValueError listing every source tried and why each failed."""
+    tried: list[str] = []
+    candidates = [p for p in (peer_id_of_maddr(m) for m in initial_peers) if p]
+    for source in ("initial", "dht"):
+        if source == "dht":
+            listed = await asyncio.get_running_loop().run_in_executor(None, spec_servers, dht, swarm_id)
+            candidates = [p for p in listed if p not in candidates]
+        for peer in candidates:
+            try:
+                return await fetch_spec_from(p2p, peer, swarm_id, timeout_s)
+            except ValueError as e:
+                tried.append(str(e))
+    why = "; ".join(tried) if tried else "no peer serves it (none of the initial peers, none listed in the DHT)"
+    raise ValueError(f"could not get the spec of swarm {swarm_id[:16]}…: {why}")

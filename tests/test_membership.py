@@ -1,0 +1,146 @@
+"""Membership certificates (protocol/membership.py): signed by the owner, bound to one peer id and one
+swarm, expiring; anything else is a MembershipError saying why. Pure code, no network."""
+
+import base64
+import json
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pathswarm.protocol.membership import (
+    CLOCK_SKEW_S,
+    Ed25519PrivateKey,
+    Gate,
+    MembershipError,
+    issue,
+    load_owner_key,
+    parse,
+    parse_expiry,
+    public_key_text,
+    save_owner_key,
+    verify,
+)
+from pathswarm.protocol.spec import MembershipSpec, SpecError, SwarmSpec
+
+OWNER = Ed25519PrivateKey.generate()
+OWNER_KEY = public_key_text(OWNER)
+SWARM = "ab" * 32
+PEER = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+OTHER_PEER = "QmQycYEeJ8hLdKTpsCAAputNjZYvdZWANTaRF9kNuXrBpe"
+NOW = 1_800_000_000.0
+
+
+def cert(peer=PEER, swarm=SWARM, owner=OWNER, expires=NOW + 3600):
+    return issue(owner, swarm, peer, expires, now=NOW).token
+
+
+def check(token, peer=PEER, swarm=SWARM, now=NOW + 10):
+    return verify(token, owner_key=OWNER_KEY, swarm_id=swarm, peer_id=peer, now=now)
+
+
+def test_a_certificate_admits_its_peer_to_its_swarm_until_it_expires():
+    m = check(cert())
+    assert (m.swarm_id, m.peer_id, m.expires_at, m.issued_at) == (SWARM, PEER, NOW + 3600, NOW)
+    assert len(m.token) < 400
+    check(cert(), now=NOW + 3600 + CLOCK_SKEW_S - 1)  # clocks behind by a few minutes are tolerated
+    with pytest.raises(MembershipError, match="expired"):
+        check(cert(), now=NOW + 3600 + CLOCK_SKEW_S + 1)
+
+
+def test_replay_by_another_peer_id_is_refused():
+    with pytest.raises(MembershipError, match=f"certificate is for peer {PEER}, presented by {OTHER_PEER}"):
+        check(cert(), peer=OTHER_PEER)
+
+
+def test_another_swarm_or_another_owner_is_refused():
+    with pytest.raises(MembershipError, match="for swarm"):
+        check(cert(swarm="cd" * 32))
+    with pytest.raises(MembershipError, match="not signed by this swarm's owner"):
+        check(cert(owner=Ed25519PrivateKey.generate()))
+
+
+def test_editing_the_payload_breaks_the_signature():
+    prefix, payload, sig = cert().split(".")
+    body = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    for field, value in (("peer", OTHER_PEER), ("exp", int(NOW) + 10**8), ("swarm", "cd" * 32)):
+        forged_payload = base64.urlsafe_b64encode(json.dumps({**body, field: value}).encode()).decode().rstrip("=")
+        with pytest.raises(MembershipError, match="not signed by this swarm's owner"):
+            check(f"{prefix}.{forged_payload}.{sig}", peer=value if field == "peer" else PEER,
+                  swarm=value if field == "swarm" else SWARM)
+
+
+@pytest.mark.parametrize("token, reason", [
+    (None, "no membership certificate"), ("", "no membership certificate"), ("hello", "not a pathswarm"),
+    ("psm1.!!.AA", "not base64url"), ("psm1.AAAA.AAAA", "not JSON"), ("x" * 5000, "exceeds"),
+    (b"\xff\xfe", "not ASCII"),
+])
+def test_malformed_certificates_say_what_is_wrong(token, reason):
+    with pytest.raises(MembershipError, match=reason):
+        check(token)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=600), st.text(max_size=600),
+                 st.builds(lambda i, b: cert()[:i] + b + cert()[i + 1:], st.integers(0, 300),
+                           st.sampled_from("A_-.=0z"))))
+def test_any_input_gives_a_membership_error_or_a_valid_certificate(token):
+    try:
+        m = check(token)
+    except MembershipError:
+        return
+    assert m.peer_id == PEER and m.swarm_id == SWARM  # only an unchanged (or equivalent) token passes
+
+
+def test_gate_open_swarm_admits_everyone_private_swarm_checks_and_caches():
+    assert Gate("", SWARM).check(None, PEER) is None
+    gate = Gate(OWNER_KEY, SWARM)
+    token = cert(expires=NOW + 10**9)
+    gate.check(token, PEER)
+    gate.check(token, PEER)  # cached
+    with pytest.raises(MembershipError):
+        gate.check(token, OTHER_PEER)  # the cache is keyed by the peer id too
+    with pytest.raises(MembershipError):
+        gate.check(None, PEER)
+
+
+def test_expiry_option():
+    assert parse_expiry("30d", now=NOW) == NOW + 30 * 86400
+    assert parse_expiry("12h", now=NOW) == NOW + 12 * 3600
+    assert parse_expiry("2027-01-31") == 1801353600.0  # midnight UTC
+    with pytest.raises(MembershipError, match="--expires takes"):
+        parse_expiry("soon")
+    with pytest.raises(MembershipError, match="expire before"):
+        issue(OWNER, SWARM, PEER, NOW - 1, now=NOW)
+    with pytest.raises(MembershipError, match="peer id"):
+        issue(OWNER, SWARM, "not a peer id!", NOW + 10, now=NOW)
+
+
+def test_owner_key_file_is_private_and_never_overwritten(tmp_path):
+    path = tmp_path / "owners" / "k.key"
+    save_owner_key(OWNER, path)
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    assert public_key_text(load_owner_key(path)) == OWNER_KEY
+    with pytest.raises(MembershipError, match="never overwritten"):
+        save_owner_key(Ed25519PrivateKey.generate(), path)
+    os.chmod(path, 0o644)
+    with pytest.raises(MembershipError, match="readable by other users"):
+        load_owner_key(path)
+    (tmp_path / "junk.key").write_bytes(b"junk")
+    os.chmod(tmp_path / "junk.key", 0o600)
+    with pytest.raises(MembershipError, match="not a PEM private key"):
+        load_owner_key(tmp_path / "junk.key")
+
+
+def test_the_owner_key_is_part_of_the_swarm_id():
+    open_spec = SwarmSpec(name="m")
+    private = open_spec.replace(membership=MembershipSpec(owner_key=OWNER_KEY))
+    assert private.swarm_id != open_spec.swarm_id and private.membership.private and not open_spec.membership.private
+    with pytest.raises(SpecError, match="membership.owner_key"):
+        SwarmSpec(membership=MembershipSpec(owner_key="rsa:abc"))
+
+
+def test_parse_reads_without_verifying():
+    m, payload, sig = parse(cert())
+    assert m.peer_id == PEER and len(sig) == 64 and b'"peer"' in payload
