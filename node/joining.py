@@ -83,7 +83,7 @@ def _cached_spec(swarm_id: str) -> SwarmSpec | None:
 def _save_cached_spec(spec: SwarmSpec) -> None:
     path = cached_spec_path(spec.swarm_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # nodes joining at once each write their own
     tmp.write_text(spec.to_toml(), encoding="utf-8")
     os.replace(tmp, path)
 
@@ -103,7 +103,7 @@ def fetch_spec_via_dht(swarm_id: str, initial_peers: tuple[str, ...], timeout_s:
     net = NetLoop("pathswarm-join")
     try:
         p2p = net.run(sdht.dht.replicate_p2p(), 30)
-        return net.run(fetch_spec(p2p, sdht.dht, swarm_id, initial_peers, timeout_s), 4 * timeout_s + 30)
+        return net.run(fetch_spec(p2p, sdht.dht, swarm_id, initial_peers, timeout_s), 300)
     except ValueError as e:
         raise JoinError(str(e)) from None
     finally:

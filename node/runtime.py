@@ -184,6 +184,7 @@ class Node:
                 from pathswarm.protocol.spec_share import SpecServer
 
                 self.net.run(SpecServer([spec]).start(p2p), 30)
+                self._announce_spec_server()
             if offline:
                 self.holders = {mid: [self.status.peer_id] for mid in self.worker.module_ids}
                 self.reducers = {mid: self.status.peer_id for mid in self.worker.module_ids}
@@ -372,7 +373,7 @@ class Node:
     # ---- the round loop ----------------------------------------------------------------------
     def train_loop(self) -> None:
         spec, H = self.spec, self.spec.inner.steps
-        rounds_sent = 0
+        rounds_sent, first_round = 0, self.status.round
         while not self.stop_event.is_set():
             t0 = time.perf_counter()
             losses: list[float] = []
@@ -389,7 +390,8 @@ class Node:
             elapsed = time.perf_counter() - t0
             self.status.loss = sum(losses[-10:]) / max(1, len(losses[-10:]))
             self.status.loss_curve.append(self.status.loss)
-            self.status.loss_history.append((self.status.round + 1, self.status.loss))
+            # numbered by rounds trained, counted from the round the node started (or resumed) at
+            self.status.loss_history.append((first_round + len(self.status.loss_curve), self.status.loss))
             self.status.tokens_trained += self.worker.round_tokens
             self.status.tokens_per_s = self.worker.round_tokens / max(elapsed, 1e-9)
             self._poll(block=True)  # round r-1 must settle before round r is sent
@@ -523,7 +525,6 @@ class Node:
     def _announce(self) -> None:
         from pathswarm.protocol.dht import announce_module, publish_metrics
         from pathswarm.protocol.records import MAX_HISTORY, ModuleAnnouncement, NodeMetrics
-        from pathswarm.protocol.spec_share import announce_spec_server
 
         ttl = self.spec.averaging.claim_ttl_s * 4
         try:
@@ -538,9 +539,17 @@ class Node:
                 bytes_sent=self.status.bytes_sent, bytes_received=self.status.bytes_received,
                 history=tuple((r, max(0.0, min(loss, 1e6))) for r, loss in self.status.loss_history[-MAX_HISTORY:]
                               if loss == loss)), ttl)
-            announce_spec_server(self.sdht.dht, self.spec.swarm_id, self.sdht.peer_id, self.sdht.owner)
+            self._announce_spec_server()
         except Exception as e:  # announcements are advisory; training goes on
             logger.warning("could not announce: %s", e)
+
+    def _announce_spec_server(self) -> None:
+        from pathswarm.protocol.spec_share import announce_spec_server
+
+        try:
+            announce_spec_server(self.sdht.dht, self.spec.swarm_id, self.sdht.peer_id, self.sdht.owner)
+        except Exception as e:  # advisory: joiners also ask the initial peers directly
+            logger.warning("could not list this node as a spec server: %s", e)
 
     def _write_ready(self) -> None:
         if self.cfg.ready_file:

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import base58
 import hivemind
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
@@ -84,7 +85,9 @@ def _peer_id_of_owner(owner: bytes) -> str | None:
     try:
         public_key = serialization.load_ssh_public_key(keys[0])
         der = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    except (ValueError, TypeError, serialization.UnsupportedAlgorithm):
+    # UnsupportedAlgorithm lives in cryptography.exceptions: naming it as serialization.UnsupportedAlgorithm
+    # raised AttributeError whenever a malformed or foreign key reached this clause.
+    except (ValueError, TypeError, UnsupportedAlgorithm):
         return None
     encoded = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()
     return base58.b58encode(b"\x12\x20" + hashlib.sha256(encoded).digest()).decode()  # 0x12 = sha2-256, 32 bytes

@@ -36,6 +36,8 @@ from pathswarm.protocol.wire import Traffic, WireError, field_of, read_message, 
 logger = logging.getLogger(__name__)
 
 RESULTS_KEPT = 4  # closed rounds a reducer remembers for late members
+MAX_TOKENS = 1 << 53  # most tokens one contribution may count (exact in a float; no round trains so many)
+MAX_ROUND = 1 << 62  # rounds are int64 everywhere (records.MAX_COUNT); state_digest packs them in 8 bytes
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,8 @@ class ModuleExchange:
         """Add one contribution to (module, round) and wait until the round closes."""
         if tokens <= 0:
             return RoundResult(module, round_, "failed", reason="non-positive token count")
+        if tokens > MAX_TOKENS:  # JSON ints have no bound: float(10**400) in weighted_average would raise
+            return RoundResult(module, round_, "failed", reason="token count too large")
         closed = self._closed.get((module, round_))
         if closed is not None:
             digest_before, result = closed
@@ -331,8 +335,13 @@ class ModuleExchange:
             return None
         if header.get("status") != "ok" or len(payload) != 8 * numel:
             return None
+        # The round is a stranger's JSON value: int() of it raised on "x", [1] or 1e400, and a negative or
+        # huge one made state_digest (8 unsigned bytes) raise in the caller.
+        round_ = header.get("round") or 0
+        if not isinstance(round_, int) or isinstance(round_, bool) or not 0 <= round_ <= MAX_ROUND:
+            return None
         values = torch.frombuffer(bytearray(payload), dtype=torch.float32)
         anchor, momentum = values[:numel].clone(), values[numel:].clone()
         if not (torch.isfinite(anchor).all() and torch.isfinite(momentum).all()):
             return None
-        return int(header.get("round") or 0), str(header.get("digest") or ""), anchor, momentum
+        return round_, str(header.get("digest") or ""), anchor, momentum

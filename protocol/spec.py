@@ -380,6 +380,10 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         _check(isinstance(value, int | float) and not isinstance(value, bool), key,
                f"must be a number, got {value!r}")
+        # TOML has inf, nan and integers of any size (float() of a huge one raises OverflowError); a spec's
+        # id is JSON, which has none of them.
+        _check(math.isfinite(value) if isinstance(value, float) else abs(value) < 2**1023, key,
+               "must be a finite number")
         return float(value)
     if tp is str:
         _check(isinstance(value, str), key, f"must be a string, got {value!r}")
@@ -418,7 +422,9 @@ def load_spec(path: str | Path) -> SwarmSpec:
 def loads_spec(text: str, source: str = "<spec>") -> SwarmSpec:
     try:
         table = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
+    # Beyond TOMLDecodeError, tomllib lets out ValueError for an integer of over 4300 digits and RecursionError
+    # for deeply nested arrays or inline tables; spec text comes from peers, so all of them are a SpecError.
+    except (ValueError, RecursionError) as e:
         raise SpecError(f"{source}: not valid TOML ({e})") from None
     return spec_from_dict(table)
 

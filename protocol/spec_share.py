@@ -29,6 +29,10 @@ SERVER_TTL_S = 300.0
 SWARM_ID_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
+class SpecUnknown(ValueError):
+    """A pathswarm peer answered that it does not serve this swarm (a definite answer: no retry)."""
+
+
 def check_swarm_id(text: str) -> str:
     text = text.strip().lower()
     if not SWARM_ID_RE.match(text):
@@ -100,7 +104,7 @@ async def fetch_spec_from(p2p: P2P, peer_id: str, swarm_id: str, timeout_s: floa
     except Exception as e:  # unreachable, no handler (a plain DHT peer), timeout, malformed reply
         raise ValueError(f"{peer_id[-8:]} did not serve it ({type(e).__name__}: {str(e)[:120]})") from None
     if header.get("status") != "ok":
-        raise ValueError(f"{peer_id[-8:]} does not know swarm {swarm_id[:12]}…")
+        raise SpecUnknown(f"{peer_id[-8:]} does not know swarm {swarm_id[:12]}…")
     try:
         spec = loads_spec(bytes(payload).decode("utf-8"), source=f"spec from {peer_id[-8:]}")
     except (SpecError, UnicodeDecodeError) as e:
@@ -111,20 +115,28 @@ async def fetch_spec_from(p2p: P2P, peer_id: str, swarm_id: str, timeout_s: floa
 
 
 async def fetch_spec(p2p: P2P, dht, swarm_id: str, initial_peers: Iterable[str],
-                     timeout_s: float = 20.0) -> SwarmSpec:
+                     timeout_s: float = 20.0, patience_s: float = 60.0) -> SwarmSpec:
     """Ask the initial peers, then the DHT's listed servers, for the spec; first verified answer wins.
 
-    Raises ValueError listing every source tried and why each failed."""
-    tried: list[str] = []
-    candidates = [p for p in (peer_id_of_maddr(m) for m in initial_peers) if p]
-    for source in ("initial", "dht"):
-        if source == "dht":
-            listed = await asyncio.get_running_loop().run_in_executor(None, spec_servers, dht, swarm_id)
-            candidates = [p for p in listed if p not in candidates]
-        for peer in candidates:
+    While no peer serves it (the initial peer is a plain DHT peer and no node has listed itself yet),
+    look again every few seconds for `patience_s`. Raises ValueError listing every source tried and why."""
+    initial = [p for p in (peer_id_of_maddr(m) for m in initial_peers) if p]
+    deadline = asyncio.get_running_loop().time() + patience_s
+    while True:
+        tried: list[str] = []
+        definite = False
+        listed = await asyncio.get_running_loop().run_in_executor(None, spec_servers, dht, swarm_id)
+        for peer in initial + [p for p in listed if p not in initial]:
             try:
                 return await fetch_spec_from(p2p, peer, swarm_id, timeout_s)
+            except SpecUnknown as e:
+                tried.append(str(e))
+                definite = True
             except ValueError as e:
                 tried.append(str(e))
+        if listed or definite or asyncio.get_running_loop().time() > deadline:
+            break  # listed servers failed, a pathswarm peer said it does not know the swarm, or time is up
+        logger.info("no peer serves the spec of swarm %s… yet; looking again", swarm_id[:12])
+        await asyncio.sleep(3.0)
     why = "; ".join(tried) if tried else "no peer serves it (none of the initial peers, none listed in the DHT)"
     raise ValueError(f"could not get the spec of swarm {swarm_id[:16]}…: {why}")

@@ -76,7 +76,8 @@ async def read_message(reader: asyncio.StreamReader, max_payload: int,
         traffic.add(received=_PREFIX.size + head_len + payload_len)
     try:
         header = json.loads(head)
-    except ValueError as e:
+    # RecursionError: a header of nested brackets ('[' * 16384 fits in MAX_HEADER_BYTES) exhausts json's stack.
+    except (ValueError, RecursionError) as e:
         raise WireError(f"header is not JSON ({e})") from None
     if not isinstance(header, dict):
         raise WireError("header is not a JSON object")

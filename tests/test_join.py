@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +144,30 @@ def test_public_swarm_file_is_data(spec, tmp_path, home, monkeypatch):
         swarm.start_node("a", max_rounds=1, swarm_args=["--swarm", "public"], initial_peers=[])
         assert swarm.wait_nodes(["a"], timeout_s=180) == {"a": 0}, swarm.tail("a", 10)
     assert swarm.status("a")["round"] >= 1
+
+
+def _can_unshare_network() -> bool:
+    try:
+        return subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not _can_unshare_network(),
+                    reason="needs `unshare -n` (root): hivemind-dht probes the LAN gateway outside a private netns")
+def test_a_plain_hivemind_dht_peer_is_a_valid_initial_peer(spec, tmp_path, home):
+    spec_path = tmp_path / "swarm.toml"
+    spec_path.write_text(spec.to_toml())
+    out = tmp_path / "result.json"
+    script = (f"ip link set lo up && exec {sys.executable} -m tests.plain_dht_scenario {spec_path} "
+              f"{tmp_path / 'run'} {out}")
+    proc = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, timeout=280,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["exit_codes"] == {"a": 0, "b": 0}, result["logs"]
+    a, b = result["statuses"]["a"], result["statuses"]["b"]
+    assert a["round"] >= 2 and b["round"] >= 2 and a["path"] != b["path"]
+    # They averaged together through the plain DHT: the shared module's groups hold both peers.
+    assert any(set(peers) == {a["peer_id"], b["peer_id"]} for peers in a["groups"]["shared"].values())
+    assert (tmp_path / "home" / "swarms" / f"{spec.swarm_id}.toml").read_text() == spec.to_toml()

@@ -70,7 +70,10 @@ class Outsider:
         # client mode: it stores nothing itself, so what readers find is what honest peers accepted
         self.dht = hivemind.DHT(initial_peers=[maddr], start=True, client_mode=True,
                                 record_validators=[RSASignatureValidator(self.key)], **LOOPBACK_ONLY)
-        self.reader = hivemind.DHT(initial_peers=[maddr], start=True, client_mode=True, **LOOPBACK_ONLY)
+        # A reader with signature checks only (it strips hivemind's signatures), no swarm validator: it sees
+        # whatever the honest peers stored.
+        self.reader = hivemind.DHT(initial_peers=[maddr], start=True, client_mode=True,
+                                   record_validators=[RSASignatureValidator(RSAPrivateKey())], **LOOPBACK_ONLY)
         self.net = NetLoop("outsider")
         self.p2p = self.net.run(self.dht.replicate_p2p(), 30)
         self.transport_peer_id = self.dht.peer_id.to_base58()
