@@ -14,7 +14,6 @@ deterministic for a given input order, which is what keeps the replicas of a mod
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,28 +26,6 @@ def pseudo_gradient(anchor: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     if anchor.shape != local.shape:
         raise ValueError(f"anchor shape {tuple(anchor.shape)} != local shape {tuple(local.shape)}")
     return anchor.float() - local.float()
-
-
-def weighted_average(deltas: Sequence[torch.Tensor], tokens: Sequence[float]) -> torch.Tensor:
-    """Token-weighted mean Σ wᵢΔᵢ / Σ wᵢ, accumulated in the order given.
-
-    Callers pass contributions in a canonical order (e.g. sorted by peer id) so that every member of
-    a group computes the very same floating-point result."""
-    if len(deltas) == 0:
-        raise ValueError("weighted_average needs at least one contribution")
-    if len(deltas) != len(tokens):
-        raise ValueError(f"{len(deltas)} deltas but {len(tokens)} token counts")
-    if any(not (t > 0) for t in tokens):
-        raise ValueError(f"token counts must be positive, got {list(tokens)}")
-    shape = deltas[0].shape
-    for d in deltas:
-        if d.shape != shape:
-            raise ValueError(f"contributions differ in shape: {tuple(d.shape)} vs {tuple(shape)}")
-    total = float(sum(tokens))
-    out = torch.zeros(shape, dtype=torch.float32)
-    for d, t in zip(deltas, tokens, strict=True):
-        out.add_(d.float(), alpha=float(t) / total)
-    return out
 
 
 def nesterov_step(anchor: torch.Tensor, momentum: torch.Tensor, grad: torch.Tensor, cfg: OuterOptSpec) -> None:

@@ -76,6 +76,8 @@ class SimResult:
     val_loss_before: dict[str, float] = field(default_factory=dict)
     val_loss_after: dict[str, float] = field(default_factory=dict)
     tokens_total: int = 0
+    rejected: int = 0
+    """Contributions the group merge screened out (benchmarks/byzantine.py)."""
     bytes_sent_total: int = 0
     ddp_fp32_bytes_equivalent: int = 0
     replicas_identical: bool = True
@@ -131,9 +133,16 @@ def _samplers_for(spec: SwarmSpec, cfg: SimConfig, train: list[Document], paths:
     return samplers
 
 
+Tamper = Callable[[int, str, int, bytes], bytes]
+"""(worker index, module id, round, the worker's frame) → the frame actually sent: benchmarks/byzantine.py
+makes one worker hostile with it."""
+
+
 def run_simulation(spec: SwarmSpec, cfg: SimConfig, docs: list[Document] | None = None,
-                   on_event: Event | None = None) -> SimResult:
-    """Run one simulated swarm and return per-round losses, tokens and bytes."""
+                   on_event: Event | None = None, tamper: Tamper | None = None) -> SimResult:
+    """Run one simulated swarm and return per-round losses, tokens and bytes.
+
+    `tamper` (local-SGD modes) rewrites the frames workers send, to simulate hostile peers."""
     spec.require_router()
     emit = on_event or (lambda kind, info: None)
     t0 = time.perf_counter()
@@ -158,13 +167,14 @@ def run_simulation(spec: SwarmSpec, cfg: SimConfig, docs: list[Document] | None 
     if cfg.mode == "sync":
         _run_sync(spec, cfg, H, lr, samplers, evaluator, result, emit)
     else:
-        _run_local_sgd(spec, cfg, H, lr, worker_paths, samplers, evaluator, result, emit)
+        _run_local_sgd(spec, cfg, H, lr, worker_paths, samplers, evaluator, result, emit, tamper)
     result.wall_s = time.perf_counter() - t0
     return result
 
 
 def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, worker_paths: list[tuple[int, ...]],
-                   samplers: list[TokenSampler], evaluator: RoutedEval, result: SimResult, emit: Event) -> None:
+                   samplers: list[TokenSampler], evaluator: RoutedEval, result: SimResult, emit: Event,
+                   tamper: Tamper | None = None) -> None:
     bs = spec.inner.batch_size
     workers = [PathWorker(spec, p, (lambda s=s: s.sample(bs)), name=f"w{i}", lr=lr)
                for i, (p, s) in enumerate(zip(worker_paths, samplers, strict=True))]
@@ -185,11 +195,16 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
             if not holders:
                 continue
             frames = [w.encode_pseudo_grad(mid) for w in holders]
+            if tamper is not None:
+                frames = [tamper(workers.index(w), mid, r, f) for w, f in zip(holders, frames, strict=True)]
             # Each holder sends its frame to the other holders (an all-gather): that is what crosses the wire.
             round_bytes += sum(len(f) for f in frames) * (len(holders) - 1)
-            avg = merge_frames(frames, [w.round_tokens for w in holders], holders[0].outer[mid].anchor.numel())
-            for w in holders:
-                w.apply_outer(mid, avg)
+            merged = merge_frames(frames, [w.round_tokens for w in holders], holders[0].outer[mid].anchor.numel(),
+                                  spec.averaging, [w.name for w in holders])
+            result.rejected += len(merged.rejected)
+            if merged.mean is not None:  # every contribution rejected: the anchors stay, the Δs carry over
+                for w in holders:
+                    w.apply_outer(mid, merged.mean)
             identical &= len({w.digest(mid) for w in holders}) == 1
         if cfg.checkpoint_dir and r == cfg.rounds - 1:
             first_holder = {mid: next(w for w in workers if mid in w.module_ids)

@@ -2,7 +2,8 @@
 
 This is the unit both the in-process simulator and the real node drive. A round is:
 `train_inner(H)` → `encode_pseudo_grads()` (one codec frame per module, with error feedback) →
-the frames of a module's holders are merged by `merge_frames` in a canonical order →
+the frames of a module's holders are merged by `merge_frames` (the reducer's screened, robust mean) in a
+canonical order →
 `apply_outer(mid, avg)` on every holder, which then restarts its inner phase from the new anchor.
 Because every holder decodes the same bytes and merges them in the same order, all holders end the
 round with bit-identical anchor and momentum (checked by `digest`).
@@ -15,12 +16,13 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from pathswarm.compression import ErrorFeedback, decode, encode
+from pathswarm.compression import ErrorFeedback, encode
 from pathswarm.node.checkpoint import ModuleState
 from pathswarm.node.inner import InnerStats, make_inner_optimizer, train_steps
 from pathswarm.node.model import PathModel, build_path
-from pathswarm.node.outer import OuterState, pseudo_gradient, weighted_average
-from pathswarm.protocol.spec import SwarmSpec
+from pathswarm.node.outer import OuterState, pseudo_gradient
+from pathswarm.protocol.aggregate import Merged, merge
+from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
 
 
 class PathWorker:
@@ -108,14 +110,10 @@ class PathWorker:
         self.set_flat(mid, anchor)
 
 
-def merge_frames(frames: Sequence[bytes], tokens: Sequence[float], numel: int) -> torch.Tensor:
-    """Decode the holders' frames and return their token-weighted mean, in the order given.
-
-    `numel` bounds decoding (no decompression bomb) and is checked against every frame."""
-    deltas = []
-    for frame in frames:
-        delta = decode(frame, max_elements=numel).reshape(-1)
-        if delta.numel() != numel:
-            raise ValueError(f"frame holds {delta.numel()} values, module has {numel}")
-        deltas.append(delta)
-    return weighted_average(deltas, tokens)
+def merge_frames(frames: Sequence[bytes], tokens: Sequence[int], numel: int, averaging: AveragingSpec,
+                 names: Sequence[str] | None = None) -> Merged:
+    """The module group's merge (protocol/aggregate.py, the reducer's rule) over holders' frames, in the
+    order given; `names` label the contributions (default: their index)."""
+    names = list(names) if names is not None else [str(i) for i in range(len(frames))]
+    return merge(list(zip(names, tokens, frames, strict=True)), numel, norm_bound=averaging.norm_bound,
+                 clip_factor=averaging.clip_factor, clip_iterations=averaging.clip_iterations)

@@ -3,8 +3,10 @@
 For each (module, outer round) one holder is the *reducer*: the live holder with the smallest peer id.
 Every holder sends it one codec frame (its outer gradient) with its token count and the digest of
 its state before the round. The reducer closes the round when `min(min_group, live holders)` are in
-or when the grace window since the first contribution ends, merges the frames token-weighted in
-sorted peer-id order, and encodes the mean **once**. Every member, the reducer included, decodes
+or when the grace window since the first contribution ends, screens the frames and merges them with a
+robust token-weighted mean in sorted peer-id order (protocol/aggregate.py), and encodes the mean **once**.
+A peer whose contributions are rejected `averaging.max_rejections` times is ignored for the session.
+Every member, the reducer included, decodes
 those same bytes, so all apply the identical outer step; the reducer also returns the digest the
 state must have afterwards, and a member that disagrees treats the round as failed and re-syncs.
 
@@ -28,7 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from hivemind.p2p import P2P, PeerID
 
-from pathswarm.compression import CodecError, decode, encode
+from pathswarm.compression import decode, encode
+from pathswarm.protocol.aggregate import merge
 from pathswarm.protocol.membership import Gate, MembershipError
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.wire import Traffic, WireError, field_of, read_message, write_message
@@ -99,6 +102,7 @@ class ModuleExchange:
         self.traffic = traffic or Traffic()
         self.expected_holders: dict[str, int] = {}
         self.behind: dict[str, str] = {}  # module → a peer that is ahead of us (re-sync from it)
+        self.offenses: dict[str, int] = {}  # peer → contributions of it we rejected (robust aggregation)
         self._open: dict[tuple[str, int], _OpenRound] = {}
         self._closed: dict[tuple[str, int], tuple[str, RoundResult]] = {}
         prefix = spec.swarm_id[:16]
@@ -176,6 +180,9 @@ class ModuleExchange:
             return RoundResult(module, round_, "failed", reason="non-positive token count")
         if tokens > MAX_TOKENS:  # JSON ints have no bound: float(10**400) in weighted_average would raise
             return RoundResult(module, round_, "failed", reason="token count too large")
+        if self.offenses.get(sender, 0) >= self.spec.averaging.max_rejections:
+            return RoundResult(module, round_, "failed",
+                               reason=f"ignored: {self.offenses[sender]} contributions of yours were rejected")
         closed = self._closed.get((module, round_))
         if closed is not None:
             digest_before, result = closed
@@ -220,24 +227,17 @@ class ModuleExchange:
     def _close(self, key: tuple[str, int], open_round: _OpenRound) -> None:
         module, round_ = key
         contributors = sorted(open_round.frames)  # canonical order: every replica sums the same way
-        deltas, weights, used = [], [], []
-        numel = self.numels[module]
-        for peer in contributors:
-            tokens, frame = open_round.frames[peer]
-            try:
-                delta = decode(frame, max_elements=numel).reshape(-1)
-                if delta.numel() != numel or not torch.isfinite(delta).all():
-                    raise CodecError("wrong size or non-finite values")
-            except CodecError as e:
-                logger.warning("dropping %s's frame for %s round %d: %s", peer[-8:], module, round_, e)
-                continue
-            deltas.append(delta)
-            weights.append(tokens)
-            used.append(peer)
-        if deltas:
-            from pathswarm.node.outer import weighted_average  # pure math; imported late to keep layering clear
-
-            mean = weighted_average(deltas, weights)
+        avg = self.spec.averaging
+        merged = merge([(p, *open_round.frames[p]) for p in contributors], self.numels[module],
+                       norm_bound=avg.norm_bound, clip_factor=avg.clip_factor, clip_iterations=avg.clip_iterations)
+        for peer, reason in merged.rejected:
+            self.offenses[peer] = self.offenses.get(peer, 0) + 1
+            logger.warning("rejected peer %s's outer gradient for %s round %d: %s (%d rejected so far%s)", peer, module,
+                           round_, reason, self.offenses[peer],
+                           "; ignoring it from now on" if self.offenses[peer] >= avg.max_rejections else "")
+        numel, used = self.numels[module], merged.used
+        if merged.mean is not None:
+            mean = merged.mean
             codec = self.spec.codec
             mean_frame = encode(mean, block_size=codec.block_size, zstd_level=codec.zstd_level,
                                 target_error=codec.target_error)
@@ -247,8 +247,7 @@ class ModuleExchange:
                 post = self.post_state(mine, decode(mean_frame, max_elements=numel))
                 self._post[module] = post
                 digest_after = post.digest
-            result = RoundResult(module, round_, "merged", mean_frame, used, int(sum(weights)),
-                                 digest_after)
+            result = RoundResult(module, round_, "merged", mean_frame, used, merged.tokens, digest_after)
         else:
             result = RoundResult(module, round_, "failed", reason="no valid contribution")
         open_round.result = result

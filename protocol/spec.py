@@ -187,12 +187,24 @@ class AveragingSpec:
     """Give up an exchange after this long (the outer gradient is kept for the next round)."""
     claim_ttl_s: float = 30.0
     """Lifetime of a path claim in the DHT; renewed while the node is alive."""
+    norm_bound: float = 10.0
+    """In groups of 3+, a contribution whose norm exceeds this × the group's median norm is rejected (0: off)."""
+    clip_factor: float = 2.0
+    """CenteredClip radius in median distances to the contributions' median (0: plain token-weighted mean)."""
+    clip_iterations: int = 10
+    """CenteredClip iterations."""
+    max_rejections: int = 3
+    """A peer whose contributions were rejected this many times is ignored by the reducer for the session."""
 
     def validate(self) -> None:
         _check(self.min_group > 0, "averaging.min_group", "must be positive")
         _check(self.grace_s > 0, "averaging.grace_s", "must be positive")
         _check(self.timeout_s > 0, "averaging.timeout_s", "must be positive")
         _check(self.claim_ttl_s > 0, "averaging.claim_ttl_s", "must be positive")
+        _check(self.norm_bound == 0 or self.norm_bound >= 1, "averaging.norm_bound", "must be 0 (off) or >= 1")
+        _check(self.clip_factor >= 0, "averaging.clip_factor", "must be >= 0")
+        _check(1 <= self.clip_iterations <= 1000, "averaging.clip_iterations", "must be in 1..1000")
+        _check(self.max_rejections >= 1, "averaging.max_rejections", "must be >= 1")
 
 
 @dataclass(frozen=True)

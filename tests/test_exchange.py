@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from pathswarm.compression import decode, encode
-from pathswarm.node.outer import OuterState, weighted_average
+from pathswarm.node.outer import OuterState
+from pathswarm.protocol.aggregate import weighted_average
 from pathswarm.protocol.exchange import LocalState, ModuleExchange
 from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
 from pathswarm.protocol.wire import MAGIC, WireError, read_message, write_message

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from pathswarm.node.outer import OuterState, nesterov_step, pseudo_gradient, weighted_average
+from pathswarm.node.outer import OuterState, nesterov_step, pseudo_gradient
+from pathswarm.protocol.aggregate import weighted_average
 from pathswarm.protocol.spec import OuterOptSpec
 
 
