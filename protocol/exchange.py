@@ -6,9 +6,9 @@ its state before the round. The reducer closes the round when `min(min_group, li
 or when the grace window since the first contribution ends, screens the frames and merges them with a
 robust token-weighted mean in sorted peer-id order (protocol/aggregate.py), and encodes the mean **once**.
 A peer whose contributions are rejected `averaging.max_rejections` times is ignored for the session.
-Every member, the reducer included, decodes
-those same bytes, so all apply the identical outer step; the reducer also returns the digest the
-state must have afterwards, and a member that disagrees treats the round as failed and re-syncs.
+Every member, the reducer included, decodes those same bytes, so all apply the identical outer step;
+the reducer also returns the digest the state must have afterwards, and a member that disagrees
+treats the round as failed and re-syncs.
 
 Replies: `merged` (your frame is in the mean), `late` (the round had closed; apply the mean and
 keep your outer gradient for the next round), `out_of_sync` (your state before the round differs
