@@ -33,6 +33,7 @@ from hivemind.p2p import P2P, PeerID
 from pathswarm.compression import decode, encode
 from pathswarm.protocol.aggregate import merge
 from pathswarm.protocol.membership import Gate, MembershipError
+from pathswarm.protocol.ratelimit import RateLimiter
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.wire import Traffic, WireError, field_of, read_message, write_message
 
@@ -103,6 +104,9 @@ class ModuleExchange:
         self.expected_holders: dict[str, int] = {}
         self.behind: dict[str, str] = {}  # module → a peer that is ahead of us (re-sync from it)
         self.offenses: dict[str, int] = {}  # peer → contributions of it we rejected (robust aggregation)
+        # A member sends one contribution per module per round and downloads a module's state when it joins or
+        # re-syncs: these budgets are far above that, and far below what a flood would need.
+        self.limits = {"contribute": RateLimiter(rate=4.0, burst=32), "state": RateLimiter(rate=1.0, burst=16)}
         self._open: dict[tuple[str, int], _OpenRound] = {}
         self._closed: dict[tuple[str, int], tuple[str, RoundResult]] = {}
         prefix = spec.swarm_id[:16]
@@ -142,6 +146,8 @@ class ModuleExchange:
     async def _on_contribute(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sender = info.peer_id.to_base58()
         try:
+            if not await self._within_rate("contribute", sender, writer):
+                return
             header, _ = await read_message(reader, 0, self.traffic)
             if not await self._admit(header, sender, writer):
                 return
@@ -157,6 +163,17 @@ class ModuleExchange:
             logger.warning("contribution from %s refused: %s", sender[-8:], e)
         finally:
             writer.close()
+
+    async def _within_rate(self, kind: str, sender: str, writer: asyncio.StreamWriter) -> bool:
+        """Refuse a request of a peer that exceeded its budget for this kind (before reading anything)."""
+        limiter = self.limits[kind]
+        if limiter.allow(sender):
+            return True
+        if limiter.should_log(sender):
+            logger.warning("peer %s floods %s requests: refusing them (%d refused so far)", sender, kind,
+                           limiter.refused)
+        await write_message(writer, {"status": "refused", "reason": "rate limited"}, b"", self.traffic)
+        return False
 
     async def _admit(self, header: dict, sender: str, writer: asyncio.StreamWriter) -> bool:
         """Check the requester's membership (private swarms); refuse and log it when it has none valid."""
@@ -295,6 +312,8 @@ class ModuleExchange:
     # ---- state download ----------------------------------------------------------------------
     async def _on_state(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            if not await self._within_rate("state", info.peer_id.to_base58(), writer):
+                return
             header, _ = await read_message(reader, 0, self.traffic)
             if not await self._admit(header, info.peer_id.to_base58(), writer):
                 return

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from hivemind.p2p import P2P, PeerID
 from hivemind.utils import get_dht_time
 
+from pathswarm.protocol.ratelimit import RateLimiter
 from pathswarm.protocol.spec import SpecError, SwarmSpec, loads_spec
 from pathswarm.protocol.wire import WireError, read_message, write_message
 
@@ -55,12 +56,16 @@ class SpecServer:
 
     def __init__(self, specs: Iterable[SwarmSpec]):
         self.texts = {spec.swarm_id: spec.to_toml().encode() for spec in specs}
+        self.limiter = RateLimiter(rate=0.5, burst=8)  # a joiner needs one; a spec can be megabytes
 
     async def start(self, p2p: P2P) -> None:
         await p2p.add_binary_stream_handler(SPEC_HANDLER, self._on_request)
 
     async def _on_request(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            if not self.limiter.allow(info.peer_id.to_base58()):
+                await write_message(writer, {"status": "refused", "reason": "rate limited"})
+                return
             header, _ = await read_message(reader, 0)
             text = self.texts.get(header.get("swarm_id")) if isinstance(header.get("swarm_id"), str) else None
             if text is None:
@@ -103,6 +108,8 @@ async def fetch_spec_from(p2p: P2P, peer_id: str, swarm_id: str, timeout_s: floa
         header, payload = await asyncio.wait_for(go(), timeout_s)
     except Exception as e:  # unreachable, no handler (a plain DHT peer), timeout, malformed reply
         raise ValueError(f"{peer_id[-8:]} did not serve it ({type(e).__name__}: {str(e)[:120]})") from None
+    if header.get("status") == "refused":
+        raise ValueError(f"{peer_id[-8:]} refused: {str(header.get('reason'))[:80]}")
     if header.get("status") != "ok":
         raise SpecUnknown(f"{peer_id[-8:]} does not know swarm {swarm_id[:12]}…")
     try:

@@ -1,0 +1,59 @@
+"""Per-peer token buckets: a peer that floods a node's request handlers is refused, not served.
+
+Each request handler (joining a module round, downloading module state, fetching the spec) keeps one
+`RateLimiter`. A peer may make `burst` requests at once and then `rate` per second; beyond that its
+requests are refused with a one-line reply and at most one log line per peer per minute, so a flood
+costs the node a dictionary lookup per request. The table of peers is bounded: when full, the
+longest-idle half is forgotten (a forgotten peer starts again with a full bucket, which only helps it
+by `burst` requests). Pure code, no networking.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+MAX_PEERS = 4096
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+    logged: float = -1e18
+
+
+class RateLimiter:
+    def __init__(self, rate: float, burst: int, max_peers: int = MAX_PEERS):
+        if rate <= 0 or burst < 1:
+            raise ValueError("rate must be positive and burst at least 1")
+        self.rate, self.burst, self.max_peers = rate, burst, max_peers
+        self._buckets: dict[str, _Bucket] = {}
+        self.refused = 0
+        """Requests refused since start (all peers)."""
+
+    def allow(self, peer: str, now: float | None = None) -> bool:
+        """Take one token from the peer's bucket; False (refuse the request) when it is empty."""
+        now = time.monotonic() if now is None else now
+        b = self._buckets.get(peer)
+        if b is None:
+            if len(self._buckets) >= self.max_peers:
+                for old in sorted(self._buckets, key=lambda p: self._buckets[p].updated)[: self.max_peers // 2]:
+                    del self._buckets[old]
+            b = self._buckets[peer] = _Bucket(float(self.burst), now)
+        b.tokens = min(float(self.burst), b.tokens + (now - b.updated) * self.rate)
+        b.updated = now
+        if b.tokens >= 1.0:
+            b.tokens -= 1.0
+            return True
+        self.refused += 1
+        return False
+
+    def should_log(self, peer: str, now: float | None = None, every_s: float = 60.0) -> bool:
+        """True at most once per `every_s` per peer: log refusals without letting a flood flood the log."""
+        now = time.monotonic() if now is None else now
+        b = self._buckets.get(peer)
+        if b is None or now - b.logged < every_s:
+            return False
+        b.logged = now
+        return True
