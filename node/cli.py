@@ -352,12 +352,15 @@ def node_id(identity: str | None) -> None:
               help="Before training, wait up to 2 minutes until this many nodes (us included) have claimed paths.")
 @click.option("--offline", is_flag=True,
               help="Train the very same loop with networking switched off (a baseline for benchmarks).")
+@click.option("--sync-rounds", is_flag=True,
+              help="Benchmark baseline: every round waits for every live holder and training waits for the round, "
+                   "as synchronous data-parallel training does.")
 @friendly
 def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], membership_file: str | None,
              identity: str | None, path: str, device: str, data_dir: str | None,
              host_maddrs: tuple[str, ...], checkpoint_dir: str | None, ready_file: str | None,
              status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int,
-             offline: bool) -> None:
+             offline: bool, sync_rounds: bool) -> None:
     """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly).
 
     \b
@@ -378,7 +381,7 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
                      host_maddrs=tuple(host_maddrs),
                      checkpoint_dir=checkpoint_dir or "", ready_file=ready_file or "",
                      status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
-                     wait_peers=wait_peers, offline=offline)
+                     wait_peers=wait_peers, offline=offline, sync_rounds=sync_rounds)
     n = Node(cfg, handle_signals=True)
     try:
         if sys.stderr.isatty():

@@ -82,6 +82,9 @@ class NodeConfig:
     """libp2p identity file (fixes the peer id; '' for a fresh one each run). node/joining.py picks it."""
     membership: str = ""
     """This node's membership certificate (private swarms), already checked against the identity."""
+    sync_rounds: bool = False
+    """Synchronous baseline for benchmarks/chaos.py: every round waits for every live holder and training
+    waits for the round, as data-parallel training does (no grace window, no overlap)."""
 
 
 @dataclass
@@ -119,6 +122,8 @@ class NodeStatus:
     """module → outer round → the peers whose outer gradients were merged in that round."""
     history: dict[str, dict[str, str]] = field(default_factory=dict)
     """module → outer round → digest after that round: replicas must agree on every entry."""
+    checkpoint_round: int = -1
+    """Round of the checkpoint the node resumed from at start (-1: none)."""
     state: str = "starting"
 
 
@@ -178,7 +183,8 @@ class Node:
             numels = {mid: self.worker.outer[mid].anchor.numel() for mid in self.worker.module_ids}
             p2p = None if offline else self.net.run(self.sdht.dht.replicate_p2p(), 30)
             self.exchange = ModuleExchange(spec, p2p, self.status.peer_id, numels, self.local_states.get,
-                                           _post_state(spec), self.traffic, membership=self.cfg.membership)
+                                           _post_state(spec), self.traffic, membership=self.cfg.membership,
+                                           live_holders=self._live_holders if self.cfg.sync_rounds else None)
             self.net.run(self.exchange.start(), 30)
             if not offline:  # any member can hand the spec to a machine joining with --join
                 from pathswarm.protocol.spec_share import SpecServer
@@ -295,6 +301,17 @@ class Node:
         for mid, peers in self.holders.items():
             self.exchange.expected_holders[mid] = len(peers)
 
+    def _live_holders(self, mid: str) -> int:
+        """Nodes whose live claims hold module `mid` (us included); the sync baseline waits for all of them."""
+        from pathswarm.protocol.dht import read_claims
+
+        try:
+            claims = read_claims(self.sdht, self.spec)
+        except Exception:  # keep waiting on the last count rather than close early
+            return self.exchange.expected_holders.get(mid, 1)
+        peers = {c.peer_id for c in claims if mid in self.spec.module_ids(tuple(c.path))} | {self.sdht.peer_id}
+        return len(peers)
+
     def _wait_for_peers(self) -> None:
         if self.cfg.wait_peers <= 1:
             return
@@ -335,6 +352,7 @@ class Node:
         if self.cfg.checkpoint_dir:
             try:
                 ckpt = load_checkpoint(self.cfg.checkpoint_dir, self.spec, self.worker.module_ids)
+                self.status.checkpoint_round = ckpt.round
             except CheckpointError as e:
                 logger.info("no usable checkpoint (%s)", e)
         for mid in self.worker.module_ids:
@@ -400,6 +418,8 @@ class Node:
             self._refresh_holders_safe()
             self._send_round()
             rounds_sent += 1
+            if self.cfg.sync_rounds:
+                self._poll(block=True)  # data-parallel: nobody trains on until the round is done
             if self.cfg.max_rounds and rounds_sent >= self.cfg.max_rounds:
                 self._poll(block=True)
                 break

@@ -1,0 +1,284 @@
+"""Chaos: goodput of a swarm whose nodes are killed, restarted and frozen, vs a synchronous baseline.
+
+Goal (DESIGN.md, after Decoupled DiLoCo's 88 % vs 27 %): goodput under random node kills ÷ goodput
+with none ≥ 0.90 for pathswarm, and far below it (≤ 0.40) for a synchronous mode in the same harness.
+
+Four arms, each a real local swarm (a bootstrap peer and --nodes node processes on 127.0.0.1, one
+path, so every node averages every module with every other) running for --seconds of wall time:
+  decoupled, no faults | decoupled, faults | sync, no faults | sync, faults
+`sync` is `node run --sync-rounds`: a round waits for every live holder (a dead node counts until its
+claim expires) and nobody trains on until the round is done, which is what data-parallel training does.
+
+The fault plan is seeded and the same for both faulty arms: at random moments (exponential gaps,
+mean --mean-gap-s swarm-wide) a random running node is SIGKILLed (also mid-round and mid-checkpoint,
+as the moments are random) and restarted --restart-after-s later from its checkpoint directory with
+the same identity, or (--stall-fraction of the events) its whole process group is frozen with SIGSTOP
+for --stall-s and then continued.
+
+Goodput = tokens that ended up in the model (the shared module's rounds that merged or were applied
+alone, summed over every incarnation of every node) ÷ the same count in the arm of the same mode with
+no faults. Also checked and reported: restarted nodes resume from their last complete checkpoint and
+reach the swarm's round again; every checkpoint left by a SIGKILL loads; the longest gap between two
+completed rounds of a node that was not itself faulted (a survivor never waits on a dead peer beyond
+the grace window); replicas identical after the swarm settles (everyone stopped with SIGTERM).
+
+    python benchmarks/chaos.py --json benchmarks/results/chaos.json      # ≈ 4 × (seconds + 30 s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from _swarm_common import machine, write_json
+
+from pathswarm.node.checkpoint import CheckpointError, load_checkpoint
+from pathswarm.node.data import load_documents
+from pathswarm.node.local_swarm import LocalSwarm, read_json, replicas_identical
+from pathswarm.node.swarm_init import init_spec
+from pathswarm.protocol.spec import AveragingSpec, DataSpec, InnerOptSpec, ModelSpec, SwarmSpec
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def make_spec(directory: Path, args) -> tuple[SwarmSpec, Path]:
+    base = SwarmSpec(name="chaos", levels=(1,),
+                     model=ModelSpec(width=args.width, base_width=64, n_heads=4, layers_per_module=2, context_len=64),
+                     inner=InnerOptSpec(steps=args.inner_steps, batch_size=8, warmup_steps=10),
+                     averaging=AveragingSpec(grace_s=args.grace_s, timeout_s=60.0, claim_ttl_s=args.claim_ttl_s),
+                     data=DataSpec(corpus="bbc"))
+    spec = init_spec(base, load_documents(base.data))
+    path = directory / "chaos.toml"
+    path.write_text(spec.to_toml())
+    return spec, path
+
+
+def fault_plan(seed: int, seconds: float, nodes: int, mean_gap_s: float, stall_fraction: float) -> list[dict]:
+    rng = random.Random(seed)
+    plan, t = [], 10.0  # let the swarm form first
+    while True:
+        t += rng.expovariate(1.0 / mean_gap_s)
+        if t > seconds - 10:
+            return plan
+        plan.append({"t": round(t, 2), "node": f"n{rng.randrange(nodes)}",
+                     "kind": "stall" if rng.random() < stall_fraction else "kill"})
+
+
+class Arm:
+    """One arm: start the swarm, follow the plan, keep every incarnation's last status."""
+
+    def __init__(self, name: str, spec_path: Path, workdir: Path, args, sync: bool, plan: list[dict]):
+        self.name, self.args, self.sync, self.plan = name, args, sync, plan
+        self.swarm = LocalSwarm(spec_path, workdir)
+        self.nodes = [f"n{i}" for i in range(args.nodes)]
+        self.banked = {n: 0 for n in self.nodes}  # tokens merged by earlier incarnations
+        self.last = {n: {} for n in self.nodes}  # last status seen of the current incarnation
+        self.round_times: dict[str, list[float]] = {n: [] for n in self.nodes}
+        self.faulted_at: dict[str, list[float]] = {n: [] for n in self.nodes}
+        self.events: list[dict] = []
+        self.timeline: list[tuple[float, int]] = []
+        self.checkpoints_ok, self.checkpoints_bad = 0, []
+        self.resumes: list[dict] = []
+
+    def start_node(self, n: str) -> None:
+        i = self.nodes.index(n)
+        extra = ["--identity", str(self.swarm.workdir / f"{n}.key"), "--wait-peers", str(self.args.nodes)]
+        self.swarm.start_node(n, seed=i, extra=extra + (["--sync-rounds"] if self.sync else []))
+
+    def merged(self) -> int:
+        return sum(self.banked[n] + int(self.last[n].get("tokens_merged", 0)) for n in self.nodes)
+
+    def poll(self, t: float) -> None:
+        for n in self.nodes:
+            st = self.swarm.status(n) or {}
+            if st.get("peer_id") and st.get("tokens_merged", 0) >= self.last[n].get("tokens_merged", 0):
+                if st.get("round", 0) > self.last[n].get("round", 0):
+                    self.round_times[n].append(t)
+                self.last[n] = st
+        self.timeline.append((round(t, 2), self.merged()))
+
+    def kill(self, n: str, t: float) -> None:
+        self.swarm.signal(n, signal.SIGKILL)
+        self.swarm.nodes[n].wait(10)
+        self.banked[n] += int(self.last[n].get("tokens_merged", 0))
+        self.last[n] = {}
+        self.swarm.node_files(n)["status.json"].unlink(missing_ok=True)
+        try:  # whatever moment the kill hit, the last complete checkpoint must load
+            load_checkpoint(self.swarm.node_files(n)["checkpoint"], load_spec_cached(self.swarm.spec_path))
+            self.checkpoints_ok += 1
+        except CheckpointError as e:
+            if "no checkpoint" not in str(e).lower():
+                self.checkpoints_bad.append(f"{n} at {t:.0f} s: {e}")
+
+    def run(self) -> dict:
+        a = self.args
+        try:
+            self.swarm.start_bootstrap()
+            for n in self.nodes:
+                self.start_node(n)
+            for n in self.nodes:
+                self.swarm.wait_ready(n, timeout_s=180)
+            t0 = time.monotonic()
+            pending = list(self.plan)
+            restarts: list[tuple[float, str]] = []
+            stalls: list[tuple[float, str]] = []
+            while (t := time.monotonic() - t0) < a.seconds:
+                self.poll(t)
+                while pending and pending[0]["t"] <= t:
+                    ev = pending.pop(0)
+                    n = ev["node"]
+                    busy = any(x == n for _, x in restarts + stalls) or self.swarm.nodes[n].poll() is not None
+                    if busy:
+                        self.events.append({**ev, "skipped": "node already down"})
+                        continue
+                    self.faulted_at[n].append(t)
+                    if ev["kind"] == "kill":
+                        self.kill(n, t)
+                        restarts.append((t + a.restart_after_s, n))
+                    else:
+                        _signal_group(self.swarm.nodes[n].pid, signal.SIGSTOP)
+                        stalls.append((t + a.stall_s, n))
+                    self.events.append({**ev, "at": round(t, 2)})
+                for due, n in [x for x in restarts if x[0] <= t]:
+                    restarts.remove((due, n))
+                    self.start_node(n)
+                    self.resumes.append({"node": n, "at": round(t, 2)})
+                for due, n in [x for x in stalls if x[0] <= t]:
+                    stalls.remove((due, n))
+                    _signal_group(self.swarm.nodes[n].pid, signal.SIGCONT)
+                    self.faulted_at[n].append(t)
+                time.sleep(0.5)
+            for _, n in stalls:
+                _signal_group(self.swarm.nodes[n].pid, signal.SIGCONT)
+            self.poll(time.monotonic() - t0)
+            merged = self.merged()
+            # Settle: restarted nodes report where they resumed; then everyone leaves cleanly.
+            for r in self.resumes:
+                st = read_json(self.swarm.node_files(r["node"])["status.json"]) or {}
+                r.update(checkpoint_round=st.get("checkpoint_round"), round_now=st.get("module_rounds", {}),
+                         state=st.get("state"))
+            for n in self.nodes:
+                self.swarm.signal(n, signal.SIGTERM)
+            codes = self.swarm.wait_nodes(self.nodes, timeout_s=120)
+            finals = [self.swarm.status(n) or {} for n in self.nodes]
+        finally:
+            self.swarm.close()
+        identical, compared = replicas_identical([f for f in finals if f])
+        gaps = _survivor_gaps(self.round_times, self.faulted_at, a.grace_s)
+        return {"arm": self.name, "sync": self.sync, "tokens_merged": merged, "exit_codes": codes,
+                "events": self.events, "restarts": self.resumes, "timeline": self.timeline,
+                "checkpoints_loaded_after_kill": self.checkpoints_ok, "checkpoints_unreadable": self.checkpoints_bad,
+                "replicas_identical": identical, "digests_compared": compared,
+                "final_module_rounds": {n: f.get("module_rounds") for n, f in zip(self.nodes, finals, strict=True)},
+                "max_survivor_round_gap_s": gaps}
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    import os
+
+    try:
+        os.killpg(pid, sig)  # the node, its DHT process and its p2pd: a frozen machine freezes all of them
+    except ProcessLookupError:
+        pass
+
+
+def _survivor_gaps(round_times: dict[str, list[float]], faulted_at: dict[str, list[float]], grace_s: float) -> float:
+    """Longest gap between two round completions of a node, excluding gaps in which it was itself faulted."""
+    worst = 0.0
+    for n, times in round_times.items():
+        for a, b in zip(times, times[1:], strict=False):
+            if not any(a - 1 <= f <= b for f in faulted_at[n]):
+                worst = max(worst, b - a)
+    return round(worst, 2)
+
+
+_SPECS: dict = {}
+
+
+def load_spec_cached(path):
+    from pathswarm.protocol.spec import load_spec
+
+    if path not in _SPECS:
+        _SPECS[path] = load_spec(path)
+    return _SPECS[path]
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.4))
+    styles = {"decoupled": "tab:green", "sync": "tab:red"}
+    for arm in report["arms"]:
+        ts, toks = zip(*arm["timeline"], strict=True) if arm["timeline"] else ((), ())
+        mode = "sync" if arm["sync"] else "decoupled"
+        ax.plot(ts, [x / 1e6 for x in toks], color=styles[mode], ls="-" if "faults" in arm["arm"] else "--",
+                label=arm["arm"])
+    for ev in report["fault_plan"]:
+        ax.axvline(ev["t"], color="gray", lw=0.5, alpha=0.5)
+    ax.set_xlabel("seconds (gray: faults)")
+    ax.set_ylabel("tokens merged into the model (M)")
+    ax.set_title(f"goodput: decoupled {report['goodput']['decoupled']:.2f}, sync {report['goodput']['sync']:.2f}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", default=str(RESULTS / "chaos.json"))
+    ap.add_argument("--plot", default=str(RESULTS / "chaos.png"))
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=180.0, help="wall time of each arm after the swarm formed")
+    ap.add_argument("--mean-gap-s", type=float, default=30.0, help="mean time between faults, swarm-wide")
+    ap.add_argument("--restart-after-s", type=float, default=5.0)
+    ap.add_argument("--stall-fraction", type=float, default=0.3)
+    ap.add_argument("--stall-s", type=float, default=8.0)
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--inner-steps", type=int, default=20)
+    ap.add_argument("--grace-s", type=float, default=4.0)
+    ap.add_argument("--claim-ttl-s", type=float, default=10.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arms", default="decoupled,sync", help="which modes to run")
+    args = ap.parse_args()
+    t0 = time.monotonic()
+    plan = fault_plan(args.seed, args.seconds, args.nodes, args.mean_gap_s, args.stall_fraction)
+    arms = []
+    with tempfile.TemporaryDirectory(prefix="pathswarm-chaos-") as tmp:
+        spec, spec_path = make_spec(Path(tmp), args)
+        for mode in args.arms.split(","):
+            for faults in (False, True):
+                name = f"{mode}, {'faults' if faults else 'no faults'}"
+                print(f"--- {name}", flush=True)
+                arm = Arm(name, spec_path, Path(tmp) / name.replace(", ", "-").replace(" ", "_"), args,
+                          sync=mode == "sync", plan=plan if faults else [])
+                arms.append(arm.run())
+                print(json.dumps({k: arms[-1][k] for k in ("arm", "tokens_merged", "replicas_identical",
+                                                           "max_survivor_round_gap_s", "checkpoints_unreadable")}),
+                      flush=True)
+    by = {a["arm"]: a for a in arms}
+    goodput = {m: by[f"{m}, faults"]["tokens_merged"] / max(1, by[f"{m}, no faults"]["tokens_merged"])
+               for m in args.arms.split(",")}
+    report = {
+        "goal": "goodput (faults ÷ no faults) ≥ 0.90 decoupled, ≤ 0.40 synchronous",
+        "goodput": goodput, "met": goodput.get("decoupled", 0) >= 0.90 and goodput.get("sync", 1) <= 0.40,
+        "config": vars(args), "fault_plan": plan,
+        "faults": {"kills": sum(e["kind"] == "kill" for e in plan), "stalls": sum(e["kind"] == "stall" for e in plan)},
+        "arms": arms, "wall_s": round(time.monotonic() - t0, 1), "machine": machine(),
+    }
+    write_json(args.json, report)
+    plot(report, Path(args.plot))
+    print(f"goodput: {goodput}; goal met: {report['met']}")
+
+
+if __name__ == "__main__":
+    main()
