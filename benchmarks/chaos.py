@@ -22,13 +22,19 @@ reach the swarm's round again; every checkpoint left by a SIGKILL loads; the lon
 completed rounds of a node that was not itself faulted (a survivor never waits on a dead peer beyond
 the grace window); replicas identical after the swarm settles (everyone stopped with SIGTERM).
 
+Measuring goodput needs each node's speed to be independent of the others: on a machine with fewer
+cores than nodes, a killed node frees CPU and its peers speed up, which hides the loss. So nodes are
+pinned one per core, and on this 2-core machine the committed run uses 2 nodes.
+
     python benchmarks/chaos.py --json benchmarks/results/chaos.json      # ≈ 4 × (seconds + 30 s)
+    python benchmarks/chaos.py --nodes 2 --seconds 240 --mean-gap-s 40  # the committed run (2 cores)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import signal
 import tempfile
@@ -88,7 +94,11 @@ class Arm:
     def start_node(self, n: str) -> None:
         i = self.nodes.index(n)
         extra = ["--identity", str(self.swarm.workdir / f"{n}.key"), "--wait-peers", str(self.args.nodes)]
-        self.swarm.start_node(n, seed=i, extra=extra + (["--sync-rounds"] if self.sync else []))
+        proc = self.swarm.start_node(n, seed=i, extra=extra + (["--sync-rounds"] if self.sync else []))
+        if self.args.pin:
+            # One core per node, inherited by its DHT process and p2pd: a node's speed then does not depend on
+            # how many others are alive, so killing one does not speed the survivors up.
+            os.sched_setaffinity(proc.pid, {i % os.cpu_count()})
 
     def merged(self) -> int:
         return sum(self.banked[n] + int(self.last[n].get("tokens_merged", 0)) for n in self.nodes)
@@ -179,8 +189,6 @@ class Arm:
 
 
 def _signal_group(pid: int, sig: int) -> None:
-    import os
-
     try:
         os.killpg(pid, sig)  # the node, its DHT process and its p2pd: a frozen machine freezes all of them
     except ProcessLookupError:
@@ -249,7 +257,14 @@ def main() -> None:
     ap.add_argument("--claim-ttl-s", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arms", default="decoupled,sync", help="which modes to run")
+    ap.add_argument("--pin", type=int, choices=(0, 1), default=None,
+                    help="pin node i to core i (default: when there are at least as many cores as nodes)")
     args = ap.parse_args()
+    if args.pin is None:
+        args.pin = int(os.cpu_count() >= args.nodes)
+    if args.pin and os.cpu_count() < args.nodes:
+        print(f"warning: {args.nodes} nodes on {os.cpu_count()} cores share cores: a dead node frees CPU for the "
+              "others, which inflates goodput under faults", flush=True)
     t0 = time.monotonic()
     plan = fault_plan(args.seed, args.seconds, args.nodes, args.mean_gap_s, args.stall_fraction)
     arms = []

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -34,3 +37,27 @@ def synthetic_docs():
     from pathswarm.node.data import synthetic_corpus
 
     return synthetic_corpus(200, seed=0)
+
+
+# ---- helpers of the end-to-end tests (real CLI processes) ------------------------------------------
+def wait_until(predicate, timeout_s: float, what: str):
+    """Poll predicate() until it is truthy (processes report through files: no event to wait on)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `pathswarm ARGS…` to completion."""
+    return subprocess.run([sys.executable, "-m", "pathswarm", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def error_line(proc: subprocess.CompletedProcess) -> str:
+    """The one `error:` line of a user-facing failure (exit 2, no traceback)."""
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    return line

@@ -7,7 +7,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,29 +14,15 @@ import pytest
 from pathswarm.node.local_swarm import LocalSwarm, replicas_identical
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec
 
-from .conftest import tiny_spec
+from .conftest import cli, error_line, tiny_spec, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def wait_until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pathswarm", *args], capture_output=True, text=True, timeout=timeout)
 
 
-def error_line(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    return line
 
 
 @pytest.fixture(scope="module")

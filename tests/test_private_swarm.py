@@ -8,8 +8,6 @@ exchange client in this process, as an attacker would, bypassing every check of 
 """
 
 import signal
-import subprocess
-import sys
 import time
 
 import hivemind
@@ -30,7 +28,7 @@ from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.records import PathClaim, claims_key, record_to_wire
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, MembershipSpec
 
-from .conftest import tiny_spec
+from .conftest import cli, error_line, tiny_spec, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,23 +37,10 @@ LOOPBACK_ONLY = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False, use_
                      auto_nat=False, nat_port_map=False, use_ipfs=False)
 
 
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pathswarm", *args], capture_output=True, text=True, timeout=timeout)
 
 
-def wait_until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
-def error_line(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    return line
 
 
 class Outsider:

@@ -18,21 +18,13 @@ from pathswarm.node.checkpoint import load_checkpoint
 from pathswarm.node.local_swarm import LocalSwarm, replicas_identical
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec
 
-from .conftest import tiny_spec
+from .conftest import tiny_spec, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
 GRACE_S = 4.0
 
 
-def wait_until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def p2pd_processes(swarm: LocalSwarm) -> list[str]:
