@@ -353,14 +353,17 @@ def node_id(identity: str | None) -> None:
 @click.option("--offline", is_flag=True,
               help="Train the very same loop with networking switched off (a baseline for benchmarks).")
 @click.option("--sync-rounds", is_flag=True,
-              help="Benchmark baseline: every round waits for every live holder and training waits for the round, "
-                   "as synchronous data-parallel training does.")
+              help="Benchmark baseline: every round waits for every node that ever held the module (a dead one "
+                   "until it returns or the round times out) and training waits for the round, as synchronous "
+                   "data-parallel training does.")
+@click.option("--max-tokens-per-s", type=float, default=0.0, show_default=True,
+              help="Cap this node's training speed (0: no cap), e.g. to keep a shared machine responsive.")
 @friendly
 def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], membership_file: str | None,
              identity: str | None, path: str, device: str, data_dir: str | None,
              host_maddrs: tuple[str, ...], checkpoint_dir: str | None, ready_file: str | None,
              status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int,
-             offline: bool, sync_rounds: bool) -> None:
+             offline: bool, sync_rounds: bool, max_tokens_per_s: float) -> None:
     """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly).
 
     \b
@@ -374,6 +377,8 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
 
     if max_rounds < 0:
         raise click.BadParameter("must be >= 0", param_hint="--max-rounds")
+    if not max_tokens_per_s >= 0 or max_tokens_per_s == float("inf"):
+        raise click.BadParameter("must be a finite number >= 0", param_hint="--max-tokens-per-s")
     spec, initial_peers = resolve_swarm(spec_path, join_id, tuple(initial_peers))
     identity_path, membership = resolve_identity(identity, membership_file, spec)
     cfg = NodeConfig(spec=spec, initial_peers=tuple(initial_peers), path=path,
@@ -381,7 +386,8 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
                      host_maddrs=tuple(host_maddrs),
                      checkpoint_dir=checkpoint_dir or "", ready_file=ready_file or "",
                      status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
-                     wait_peers=wait_peers, offline=offline, sync_rounds=sync_rounds)
+                     wait_peers=wait_peers, offline=offline, sync_rounds=sync_rounds,
+                     max_tokens_per_s=max_tokens_per_s)
     n = Node(cfg, handle_signals=True)
     try:
         if sys.stderr.isatty():

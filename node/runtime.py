@@ -83,8 +83,12 @@ class NodeConfig:
     membership: str = ""
     """This node's membership certificate (private swarms), already checked against the identity."""
     sync_rounds: bool = False
-    """Synchronous baseline for benchmarks/chaos.py: every round waits for every live holder and training
-    waits for the round, as data-parallel training does (no grace window, no overlap)."""
+    """Synchronous baseline for benchmarks/chaos.py: every round waits for every holder ever seen (dead ones
+    until they return or timeout_s passes) and training waits for the round, as data-parallel training does
+    (no grace window, no overlap)."""
+    max_tokens_per_s: float = 0.0
+    """Cap on training speed (0: none): a volunteer sharing the machine keeps it responsive, and
+    benchmarks/chaos.py makes each node's speed independent of how many others share the CPU."""
 
 
 @dataclass
@@ -124,6 +128,8 @@ class NodeStatus:
     """module → outer round → digest after that round: replicas must agree on every entry."""
     checkpoint_round: int = -1
     """Round of the checkpoint the node resumed from at start (-1: none)."""
+    wait_max_s: float = 0.0
+    """Longest time the training loop stood still waiting for a round to settle (decoupled: ≈ grace_s at most)."""
     state: str = "starting"
 
 
@@ -184,7 +190,7 @@ class Node:
             p2p = None if offline else self.net.run(self.sdht.dht.replicate_p2p(), 30)
             self.exchange = ModuleExchange(spec, p2p, self.status.peer_id, numels, self.local_states.get,
                                            _post_state(spec), self.traffic, membership=self.cfg.membership,
-                                           live_holders=self._live_holders if self.cfg.sync_rounds else None)
+                                           sync_world=self.cfg.sync_rounds)
             self.net.run(self.exchange.start(), 30)
             if not offline:  # any member can hand the spec to a machine joining with --join
                 from pathswarm.protocol.spec_share import SpecServer
@@ -299,18 +305,12 @@ class Node:
         self.holders = {mid: sorted(peers) for mid, peers in holders.items()}
         self.reducers = {mid: min(seasoned[mid] or holders[mid]) for mid in holders}
         for mid, peers in self.holders.items():
-            self.exchange.expected_holders[mid] = len(peers)
-
-    def _live_holders(self, mid: str) -> int:
-        """Nodes whose live claims hold module `mid` (us included); the sync baseline waits for all of them."""
-        from pathswarm.protocol.dht import read_claims
-
-        try:
-            claims = read_claims(self.sdht, self.spec)
-        except Exception:  # keep waiting on the last count rather than close early
-            return self.exchange.expected_holders.get(mid, 1)
-        peers = {c.peer_id for c in claims if mid in self.spec.module_ids(tuple(c.path))} | {self.sdht.peer_id}
-        return len(peers)
+            if self.cfg.sync_rounds:
+                # A data-parallel job's world only grows: a dead worker still counts, and the round waits
+                # for it to come back (up to timeout_s), as a collective waits for a missing rank.
+                self.exchange.expected_holders[mid] = max(len(peers), self.exchange.expected_holders.get(mid, 0))
+            else:
+                self.exchange.expected_holders[mid] = len(peers)
 
     def _wait_for_peers(self) -> None:
         if self.cfg.wait_peers <= 1:
@@ -392,12 +392,19 @@ class Node:
     def train_loop(self) -> None:
         spec, H = self.spec, self.spec.inner.steps
         rounds_sent, first_round = 0, self.status.round
+        step_tokens = spec.inner.batch_size * spec.model.context_len
         while not self.stop_event.is_set():
             t0 = time.perf_counter()
             losses: list[float] = []
-            for _ in range(H):
+            chunk_tokens = 0
+            for i in range(H):
                 stats = self.worker.train_inner(1)
                 losses.extend(stats.losses)
+                chunk_tokens += stats.tokens
+                if self.cfg.max_tokens_per_s > 0:  # pace: step i ends no sooner than its share of the cap
+                    ahead = t0 + (i + 1) * step_tokens / self.cfg.max_tokens_per_s - time.perf_counter()
+                    if ahead > 0:
+                        self.stop_event.wait(ahead)
                 self.status.inner_step = self.worker.inner_step
                 self.status.loss = losses[-1]
                 if self.worker.inner_step % 10 == 0:
@@ -410,16 +417,22 @@ class Node:
             self.status.loss_curve.append(self.status.loss)
             # numbered by rounds trained, counted from the round the node started (or resumed) at
             self.status.loss_history.append((first_round + len(self.status.loss_curve), self.status.loss))
-            self.status.tokens_trained += self.worker.round_tokens
-            self.status.tokens_per_s = self.worker.round_tokens / max(elapsed, 1e-9)
-            self._poll(block=True)  # round r-1 must settle before round r is sent
+            self.status.tokens_trained += chunk_tokens
+            self.status.tokens_per_s = chunk_tokens / max(elapsed, 1e-9)
+            # Round r-1 must settle before round r is sent. It normally settled while we trained; if its reducer
+            # is frozen or slow, a decoupled node stands still for the grace window at most, then trains on: the
+            # next outer gradient carries these steps too (sync mode waits, as data-parallel training does).
+            self._poll_timed(None if self.cfg.sync_rounds else spec.averaging.grace_s)
             if self.stop_event.is_set():
                 break
+            if self.in_flight:
+                logger.info("previous round still open after %.0f s: training on", spec.averaging.grace_s)
+                continue
             self._refresh_holders_safe()
             self._send_round()
             rounds_sent += 1
             if self.cfg.sync_rounds:
-                self._poll(block=True)  # data-parallel: nobody trains on until the round is done
+                self._poll_timed()  # data-parallel: nobody trains on until the round is done
             if self.cfg.max_rounds and rounds_sent >= self.cfg.max_rounds:
                 self._poll(block=True)
                 break
@@ -449,7 +462,14 @@ class Node:
         self.worker.end_round()
         self.sent_tokens = tokens
 
-    def _poll(self, block: bool, timeout_s: float | None = None) -> None:
+    def _poll_timed(self, timeout_s: float | None = None) -> None:
+        """Wait (at most timeout_s; None: the round's own timeout) for the rounds in flight to settle, keeping
+        unsettled ones in flight, and record how long training stood still."""
+        t0 = time.monotonic()
+        self._poll(block=True, timeout_s=timeout_s, abandon=False)
+        self.status.wait_max_s = max(self.status.wait_max_s, round(time.monotonic() - t0, 3))
+
+    def _poll(self, block: bool, timeout_s: float | None = None, abandon: bool = True) -> None:
         deadline = time.monotonic() + (timeout_s if timeout_s is not None
                                        else self.spec.averaging.grace_s + self.spec.averaging.timeout_s + 5)
         for mid in list(self.in_flight):
@@ -461,6 +481,8 @@ class Node:
                     item.future.result(max(0.0, deadline - time.monotonic()))
                 except Exception:
                     pass
+            if not item.future.done() and not abandon:
+                continue
             if not item.future.done():
                 logger.warning("round of %s still open at shutdown; abandoned", mid)
                 self.in_flight.pop(mid)

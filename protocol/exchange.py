@@ -87,12 +87,12 @@ class ModuleExchange:
                  state_of: Callable[[str], LocalState | None],
                  post_state: Callable[[LocalState, torch.Tensor], LocalState],
                  traffic: Traffic | None = None, membership: str = "",
-                 live_holders: Callable[[str], int] | None = None):
+                 sync_world: bool = False):
         self.spec = spec
-        # Synchronous baseline (benchmarks/chaos.py): with live_holders set, a round waits for every live
-        # holder of the module (counted from the DHT's live claims), as data-parallel training waits for every
-        # worker, instead of closing at the grace window; only timeout_s ends the wait.
-        self.live_holders = live_holders
+        # Synchronous baseline (benchmarks/chaos.py): a round waits for expected_holders contributions (the
+        # node sets it to the job's whole world, dead workers included) instead of closing at the grace
+        # window, as a data-parallel collective blocks until every rank arrives; only timeout_s ends the wait.
+        self.sync_world = sync_world
         # Private swarms: every request carries our certificate, and every request we serve must carry
         # one that names the peer id libp2p authenticated on the stream (a copied one names another).
         self.membership = membership
@@ -225,7 +225,7 @@ class ModuleExchange:
         key = (module, round_)
         open_round = self._open.get(key)
         if open_round is None:
-            quorum = 1 << 30 if self.live_holders is not None else self.spec.averaging.min_group  # sync: all of them
+            quorum = 1 << 30 if self.sync_world else self.spec.averaging.min_group  # sync: all of them
             target = max(1, min(quorum, self.expected_holders.get(module, 1)))
             open_round = self._open[key] = _OpenRound(mine.digest, target, time.monotonic())
             asyncio.get_running_loop().create_task(self._close_after_grace(key, open_round))
@@ -243,15 +243,8 @@ class ModuleExchange:
                            result.digest_after)
 
     async def _close_after_grace(self, key: tuple[str, int], open_round: _OpenRound) -> None:
-        if self.live_holders is None:
-            await asyncio.sleep(self.spec.averaging.grace_s)
-        else:
-            deadline = open_round.opened_at + self.spec.averaging.timeout_s
-            while open_round.result is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.5)
-                live = await asyncio.get_running_loop().run_in_executor(None, self.live_holders, key[0])
-                if open_round.result is None and len(open_round.frames) >= max(1, live):
-                    break
+        # sync: reaching the target closes the round in reduce(); otherwise only the timeout does
+        await asyncio.sleep(self.spec.averaging.timeout_s if self.sync_world else self.spec.averaging.grace_s)
         if open_round.result is None:
             self._close(key, open_round)
 

@@ -137,3 +137,34 @@ def test_framing_round_trip_and_bounds():
             await read_message(reader_of(forged), max_payload=1 << 20)
 
     asyncio.run(go())
+
+
+def test_sync_world_round_waits_past_the_grace_window_for_every_expected_member():
+    spec = SwarmSpec(averaging=AveragingSpec(min_group=2, grace_s=0.2, timeout_s=3.0))
+
+    async def go():
+        st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+        mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
+        ex = ModuleExchange(spec, None, "reducer", {"L0M0": NUMEL}, lambda m: mine, post_state, sync_world=True)
+        ex.expected_holders["L0M0"] = 3  # the job's world: min_group does not cap it in sync mode
+        f = frames(3)
+        t0 = asyncio.get_running_loop().time()
+        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, mine.digest, f[0]))
+        await asyncio.sleep(0.8)  # four grace windows: a decoupled round would have closed alone by now
+        assert not first.done()
+        rest = await asyncio.gather(*(ex.reduce("L0M0", 0, p, 10, mine.digest, x) for p, x in (("p1", f[1]),
+                                                                                              ("p2", f[2]))))
+        full = [await first, *rest]
+        waited = asyncio.get_running_loop().time() - t0
+        # a member that never comes: the round closes at timeout_s with who is there
+        t1 = asyncio.get_running_loop().time()
+        st1 = post_state(mine, decode(full[0].mean_frame))
+        assert st1.digest == full[0].digest_after
+        ex.state_of = lambda m: st1
+        partial = await ex.reduce("L0M0", 1, "p0", 10, st1.digest, f[0])
+        return full, waited, partial, asyncio.get_running_loop().time() - t1
+
+    full, waited, partial, partial_wait = asyncio.run(go())
+    assert {r.status for r in full} == {"merged"} and full[0].contributors == ["p0", "p1", "p2"]
+    assert 0.8 <= waited < 3.0
+    assert partial.status == "alone" and 2.9 <= partial_wait < 4.0
