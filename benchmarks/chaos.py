@@ -6,8 +6,9 @@ with none ≥ 0.90 for pathswarm, and far below it (≤ 0.40) for a synchronous 
 Four arms, each a real local swarm (a bootstrap peer and --nodes node processes on 127.0.0.1, one
 path, so every node averages every module with every other) running for --seconds of wall time:
   decoupled, no faults | decoupled, faults | sync, no faults | sync, faults
-`sync` is `node run --sync-rounds`: a round waits for every live holder (a dead node counts until its
-claim expires) and nobody trains on until the round is done, which is what data-parallel training does.
+`sync` is `node run --sync-rounds`: a round waits for every node that ever held the module (a dead one
+until it is back, or timeout_s) and nobody trains on until the round is done, which is what
+data-parallel training does (a collective blocks until every rank arrives).
 
 The fault plan is seeded and the same for both faulty arms: at random moments (exponential gaps,
 mean --mean-gap-s swarm-wide) a random running node is SIGKILLed (also mid-round and mid-checkpoint,
@@ -16,18 +17,20 @@ the same identity, or (--stall-fraction of the events) its whole process group i
 for --stall-s and then continued.
 
 Goodput = tokens that ended up in the model (the shared module's rounds that merged or were applied
-alone, summed over every incarnation of every node) ÷ the same count in the arm of the same mode with
-no faults. Also checked and reported: restarted nodes resume from their last complete checkpoint and
-reach the swarm's round again; every checkpoint left by a SIGKILL loads; the longest gap between two
-completed rounds of a node that was not itself faulted (a survivor never waits on a dead peer beyond
-the grace window); replicas identical after the swarm settles (everyone stopped with SIGTERM).
+alone, including steps carried over from a late or failed round, summed over every incarnation of
+every node) ÷ the same count in the arm of the same mode with no faults. Also checked and reported:
+restarted nodes resume from their last complete checkpoint and reach the swarm's round again; every
+checkpoint left by a SIGKILL loads; the longest time a node that was not itself frozen stood still
+waiting for a round (`wait_max_s` in its status: decoupled nodes never wait past the grace window);
+replicas identical after the swarm settles (everyone stopped with SIGTERM).
 
 Measuring goodput needs each node's speed to be independent of the others: on a machine with fewer
-cores than nodes, a killed node frees CPU and its peers speed up, which hides the loss. So nodes are
-pinned one per core, and on this 2-core machine the committed run uses 2 nodes.
+cores than nodes, a killed node frees CPU and its peers speed up, which hides the loss. So every node
+is capped (`node run --max-tokens-per-s`, each step paced on its own so a frozen node cannot catch
+up) well below what a core does, and `pace_held` in the JSON (tokens trained ÷ what the caps allow)
+shows that the CPU kept up. Without a cap (`--max-tokens-per-s 0`) nodes are pinned one per core.
 
-    python benchmarks/chaos.py --json benchmarks/results/chaos.json      # ≈ 4 × (seconds + 30 s)
-    python benchmarks/chaos.py --nodes 2 --seconds 240 --mean-gap-s 40  # the committed run (2 cores)
+    python benchmarks/chaos.py      # the committed run: 8 nodes, 4 arms of 300 s, ≈ 25 min
 """
 
 from __future__ import annotations
@@ -83,9 +86,10 @@ class Arm:
         self.swarm = LocalSwarm(spec_path, workdir)
         self.nodes = [f"n{i}" for i in range(args.nodes)]
         self.banked = {n: 0 for n in self.nodes}  # tokens merged by earlier incarnations
+        self.banked_trained = {n: 0 for n in self.nodes}
+        self.incarnations: list[dict] = []  # every finished incarnation's longest stand-still, and whether it stalled
+        self.stalled_now: set[str] = set()  # nodes SIGSTOPped during their current incarnation
         self.last = {n: {} for n in self.nodes}  # last status seen of the current incarnation
-        self.round_times: dict[str, list[float]] = {n: [] for n in self.nodes}
-        self.faulted_at: dict[str, list[float]] = {n: [] for n in self.nodes}
         self.events: list[dict] = []
         self.timeline: list[tuple[float, int]] = []
         self.checkpoints_ok, self.checkpoints_bad = 0, []
@@ -93,7 +97,8 @@ class Arm:
 
     def start_node(self, n: str) -> None:
         i = self.nodes.index(n)
-        extra = ["--identity", str(self.swarm.workdir / f"{n}.key"), "--wait-peers", str(self.args.nodes)]
+        extra = ["--identity", str(self.swarm.workdir / f"{n}.key"), "--wait-peers", str(self.args.nodes),
+                 "--threads", "1", "--max-tokens-per-s", str(self.args.max_tokens_per_s)]
         proc = self.swarm.start_node(n, seed=i, extra=extra + (["--sync-rounds"] if self.sync else []))
         if self.args.pin:
             # One core per node, inherited by its DHT process and p2pd: a node's speed then does not depend on
@@ -103,12 +108,18 @@ class Arm:
     def merged(self) -> int:
         return sum(self.banked[n] + int(self.last[n].get("tokens_merged", 0)) for n in self.nodes)
 
+    def trained(self) -> int:
+        return sum(self.banked_trained[n] + int(self.last[n].get("tokens_trained", 0)) for n in self.nodes)
+
+    def end_incarnation(self, n: str) -> None:
+        self.incarnations.append({"node": n, "wait_max_s": float(self.last[n].get("wait_max_s", 0.0)),
+                                  "stalled": n in self.stalled_now})
+        self.stalled_now.discard(n)
+
     def poll(self, t: float) -> None:
         for n in self.nodes:
             st = self.swarm.status(n) or {}
             if st.get("peer_id") and st.get("tokens_merged", 0) >= self.last[n].get("tokens_merged", 0):
-                if st.get("round", 0) > self.last[n].get("round", 0):
-                    self.round_times[n].append(t)
                 self.last[n] = st
         self.timeline.append((round(t, 2), self.merged()))
 
@@ -116,6 +127,8 @@ class Arm:
         self.swarm.signal(n, signal.SIGKILL)
         self.swarm.nodes[n].wait(10)
         self.banked[n] += int(self.last[n].get("tokens_merged", 0))
+        self.banked_trained[n] += int(self.last[n].get("tokens_trained", 0))
+        self.end_incarnation(n)
         self.last[n] = {}
         self.swarm.node_files(n)["status.json"].unlink(missing_ok=True)
         try:  # whatever moment the kill hit, the last complete checkpoint must load
@@ -134,6 +147,9 @@ class Arm:
             for n in self.nodes:
                 self.swarm.wait_ready(n, timeout_s=180)
             t0 = time.monotonic()
+            self.poll(0.0)
+            # counted from here: nodes that became ready first may already have merged a round or two
+            offset_merged, offset_trained = self.merged(), self.trained()
             pending = list(self.plan)
             restarts: list[tuple[float, str]] = []
             stalls: list[tuple[float, str]] = []
@@ -146,12 +162,12 @@ class Arm:
                     if busy:
                         self.events.append({**ev, "skipped": "node already down"})
                         continue
-                    self.faulted_at[n].append(t)
                     if ev["kind"] == "kill":
                         self.kill(n, t)
                         restarts.append((t + a.restart_after_s, n))
                     else:
                         _signal_group(self.swarm.nodes[n].pid, signal.SIGSTOP)
+                        self.stalled_now.add(n)
                         stalls.append((t + a.stall_s, n))
                     self.events.append({**ev, "at": round(t, 2)})
                 for due, n in [x for x in restarts if x[0] <= t]:
@@ -161,12 +177,15 @@ class Arm:
                 for due, n in [x for x in stalls if x[0] <= t]:
                     stalls.remove((due, n))
                     _signal_group(self.swarm.nodes[n].pid, signal.SIGCONT)
-                    self.faulted_at[n].append(t)
                 time.sleep(0.5)
             for _, n in stalls:
                 _signal_group(self.swarm.nodes[n].pid, signal.SIGCONT)
             self.poll(time.monotonic() - t0)
-            merged = self.merged()
+            merged, trained = self.merged() - offset_merged, self.trained() - offset_trained
+            # trained but not merged yet when time ran out (carried to a round that did not happen in time)
+            unmerged = sum(int(self.last[n].get("tokens_unmerged", 0)) for n in self.nodes)
+            for n in self.nodes:
+                self.end_incarnation(n)
             # Settle: restarted nodes report where they resumed; then everyone leaves cleanly.
             for r in self.resumes:
                 st = read_json(self.swarm.node_files(r["node"])["status.json"]) or {}
@@ -179,13 +198,19 @@ class Arm:
         finally:
             self.swarm.close()
         identical, compared = replicas_identical([f for f in finals if f])
-        gaps = _survivor_gaps(self.round_times, self.faulted_at, a.grace_s)
-        return {"arm": self.name, "sync": self.sync, "tokens_merged": merged, "exit_codes": codes,
+        waits = [i["wait_max_s"] for i in self.incarnations if not i["stalled"]]
+        return {"arm": self.name, "sync": self.sync, "tokens_merged": merged, "tokens_trained": trained,
+                "tokens_unmerged_at_end": unmerged,
+                # tokens trained ÷ what the cap allows: ≈ 1 means the CPU kept up, so speeds are cap-bound
+                "pace_held": round(trained / (a.nodes * a.max_tokens_per_s * a.seconds), 3) if a.max_tokens_per_s
+                else None,
+                "exit_codes": codes,
                 "events": self.events, "restarts": self.resumes, "timeline": self.timeline,
                 "checkpoints_loaded_after_kill": self.checkpoints_ok, "checkpoints_unreadable": self.checkpoints_bad,
                 "replicas_identical": identical, "digests_compared": compared,
                 "final_module_rounds": {n: f.get("module_rounds") for n, f in zip(self.nodes, finals, strict=True)},
-                "max_survivor_round_gap_s": gaps}
+                # the longest a node that was never frozen itself stood still waiting for a round to settle
+                "max_survivor_wait_s": max(waits, default=0.0), "incarnations": self.incarnations}
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -193,16 +218,6 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)  # the node, its DHT process and its p2pd: a frozen machine freezes all of them
     except ProcessLookupError:
         pass
-
-
-def _survivor_gaps(round_times: dict[str, list[float]], faulted_at: dict[str, list[float]], grace_s: float) -> float:
-    """Longest gap between two round completions of a node, excluding gaps in which it was itself faulted."""
-    worst = 0.0
-    for n, times in round_times.items():
-        for a, b in zip(times, times[1:], strict=False):
-            if not any(a - 1 <= f <= b for f in faulted_at[n]):
-                worst = max(worst, b - a)
-    return round(worst, 2)
 
 
 _SPECS: dict = {}
@@ -227,13 +242,13 @@ def plot(report: dict, path: Path) -> None:
     for arm in report["arms"]:
         ts, toks = zip(*arm["timeline"], strict=True) if arm["timeline"] else ((), ())
         mode = "sync" if arm["sync"] else "decoupled"
-        ax.plot(ts, [x / 1e6 for x in toks], color=styles[mode], ls="-" if "faults" in arm["arm"] else "--",
+        ax.plot(ts, [x / 1e6 for x in toks], color=styles[mode], ls="-" if arm["arm"].endswith(", faults") else "--",
                 label=arm["arm"])
     for ev in report["fault_plan"]:
         ax.axvline(ev["t"], color="gray", lw=0.5, alpha=0.5)
     ax.set_xlabel("seconds (gray: faults)")
     ax.set_ylabel("tokens merged into the model (M)")
-    ax.set_title(f"goodput: decoupled {report['goodput']['decoupled']:.2f}, sync {report['goodput']['sync']:.2f}")
+    ax.set_title("goodput: " + ", ".join(f"{mode} {g:.2f}" for mode, g in report["goodput"].items()))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -245,30 +260,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=str(RESULTS / "chaos.json"))
     ap.add_argument("--plot", default=str(RESULTS / "chaos.png"))
-    ap.add_argument("--nodes", type=int, default=4)
-    ap.add_argument("--seconds", type=float, default=180.0, help="wall time of each arm after the swarm formed")
+    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=300.0, help="wall time of each arm after the swarm formed")
     ap.add_argument("--mean-gap-s", type=float, default=30.0, help="mean time between faults, swarm-wide")
+    ap.add_argument("--max-tokens-per-s", type=float, default=2000.0,
+                    help="every node's speed cap (node run --max-tokens-per-s): with the cap well below what a core "
+                         "does, a node's speed does not depend on how many others are alive (0: no cap, then pin)")
     ap.add_argument("--restart-after-s", type=float, default=5.0)
     ap.add_argument("--stall-fraction", type=float, default=0.3)
     ap.add_argument("--stall-s", type=float, default=8.0)
     ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--inner-steps", type=int, default=20)
+    ap.add_argument("--inner-steps", type=int, default=40)
     ap.add_argument("--grace-s", type=float, default=4.0)
     ap.add_argument("--claim-ttl-s", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arms", default="decoupled,sync", help="which modes to run")
+    ap.add_argument("--keep", default="", help="keep every arm's swarm directory (logs, statuses) under this one")
     ap.add_argument("--pin", type=int, choices=(0, 1), default=None,
                     help="pin node i to core i (default: when there are at least as many cores as nodes)")
     args = ap.parse_args()
     if args.pin is None:
-        args.pin = int(os.cpu_count() >= args.nodes)
-    if args.pin and os.cpu_count() < args.nodes:
+        args.pin = int(not args.max_tokens_per_s and os.cpu_count() >= args.nodes)
+    if not args.max_tokens_per_s and os.cpu_count() < args.nodes:
         print(f"warning: {args.nodes} nodes on {os.cpu_count()} cores share cores: a dead node frees CPU for the "
               "others, which inflates goodput under faults", flush=True)
     t0 = time.monotonic()
     plan = fault_plan(args.seed, args.seconds, args.nodes, args.mean_gap_s, args.stall_fraction)
     arms = []
-    with tempfile.TemporaryDirectory(prefix="pathswarm-chaos-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="pathswarm-chaos-") as scratch:
+        tmp = args.keep or scratch  # --keep: node logs, statuses and checkpoints stay for a post-mortem
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         spec, spec_path = make_spec(Path(tmp), args)
         for mode in args.arms.split(","):
             for faults in (False, True):
@@ -277,8 +298,8 @@ def main() -> None:
                 arm = Arm(name, spec_path, Path(tmp) / name.replace(", ", "-").replace(" ", "_"), args,
                           sync=mode == "sync", plan=plan if faults else [])
                 arms.append(arm.run())
-                print(json.dumps({k: arms[-1][k] for k in ("arm", "tokens_merged", "replicas_identical",
-                                                           "max_survivor_round_gap_s", "checkpoints_unreadable")}),
+                print(json.dumps({k: arms[-1][k] for k in ("arm", "tokens_merged", "pace_held", "replicas_identical",
+                                                           "max_survivor_wait_s", "checkpoints_unreadable")}),
                       flush=True)
     by = {a["arm"]: a for a in arms}
     goodput = {m: by[f"{m}, faults"]["tokens_merged"] / max(1, by[f"{m}, no faults"]["tokens_merged"])

@@ -96,6 +96,10 @@ class _InFlight:
     future: object
     local_when_sent: torch.Tensor
     feedback_before: dict
+    tokens: int
+    """Tokens behind this outer gradient (this round's, plus any carried from rounds that did not merge)."""
+    reducer: str
+    """Who reduces the round: the peer to re-sync from if it answers that the group is ahead."""
 
 
 @dataclass
@@ -108,6 +112,9 @@ class NodeStatus:
     tokens_per_s: float = 0.0
     tokens_trained: int = 0
     tokens_merged: int = 0
+    tokens_unmerged: int = 0
+    """Tokens trained whose steps are not in a merged round yet (being trained, in flight, or carried over
+    from a late or failed round): tokens_trained = tokens_merged + tokens_unmerged, unless the node restarted."""
     last_group: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -143,6 +150,9 @@ class Node:
         self.in_flight: dict[str, _InFlight] = {}
         self.local_states: dict = {}
         self.resync_from: dict[str, str] = {}
+        # module → tokens whose steps stayed in our local weights without being merged (a late, failed or
+        # skipped round): the next outer gradient of that module carries those steps, so it counts them too.
+        self.carry: dict[str, int] = {}
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -392,17 +402,18 @@ class Node:
     def train_loop(self) -> None:
         spec, H = self.spec, self.spec.inner.steps
         rounds_sent, first_round = 0, self.status.round
-        step_tokens = spec.inner.batch_size * spec.model.context_len
         while not self.stop_event.is_set():
             t0 = time.perf_counter()
             losses: list[float] = []
             chunk_tokens = 0
-            for i in range(H):
+            for _ in range(H):
+                t_step = time.perf_counter()
                 stats = self.worker.train_inner(1)
                 losses.extend(stats.losses)
                 chunk_tokens += stats.tokens
-                if self.cfg.max_tokens_per_s > 0:  # pace: step i ends no sooner than its share of the cap
-                    ahead = t0 + (i + 1) * step_tokens / self.cfg.max_tokens_per_s - time.perf_counter()
+                if self.cfg.max_tokens_per_s > 0:
+                    # Pace every step on its own: time lost to a frozen machine is not made up by running faster.
+                    ahead = t_step + stats.tokens / self.cfg.max_tokens_per_s - time.perf_counter()
                     if ahead > 0:
                         self.stop_event.wait(ahead)
                 self.status.inner_step = self.worker.inner_step
@@ -450,6 +461,7 @@ class Node:
         tokens = self.worker.round_tokens
         for mid in self.worker.module_ids:
             if mid in self.resync_from:
+                self.carry[mid] = self.carry.get(mid, 0) + tokens  # re-synced keeping our progress
                 continue
             st = self.worker.outer[mid]
             feedback_before = self.worker.feedback[mid].state_dict()
@@ -457,10 +469,10 @@ class Node:
             frame = self.worker.encode_pseudo_grad(mid)
             reducer = self.reducers[mid]
             timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
-            fut = self.net.submit(self.exchange.contribute(reducer, mid, st.round, tokens, st.digest(), frame, timeout))
-            self.in_flight[mid] = _InFlight(fut, local, feedback_before)
+            sent = tokens + self.carry.pop(mid, 0)
+            fut = self.net.submit(self.exchange.contribute(reducer, mid, st.round, sent, st.digest(), frame, timeout))
+            self.in_flight[mid] = _InFlight(fut, local, feedback_before, sent, reducer)
         self.worker.end_round()
-        self.sent_tokens = tokens
 
     def _poll_timed(self, timeout_s: float | None = None) -> None:
         """Wait (at most timeout_s; None: the round's own timeout) for the rounds in flight to settle, keeping
@@ -519,26 +531,36 @@ class Node:
             if result.digest_after and st.digest() != result.digest_after:
                 logger.error("module %s round %d: digest %s != group's %s; re-syncing", mid, result.round,
                              st.digest(), result.digest_after)
-                self.resync_from[mid] = self.reducers[mid]
+                self._resync_later(mid, item.reducer)
             base = item.local_when_sent if result.status in ("merged", "alone") else old_anchor
             self.worker.set_flat(mid, st.anchor + (self.worker.flat(mid) - base))
             if result.status == "late":
                 self.worker.feedback[mid].load_state_dict(item.feedback_before)
+                self.carry[mid] = self.carry.get(mid, 0) + item.tokens  # our steps are still in the local weights
             if mid == "shared":
                 self.status.last_group = len(result.contributors)
                 if result.status in ("merged", "alone"):
-                    self.status.tokens_merged += self.sent_tokens
+                    self.status.tokens_merged += item.tokens
             self._publish_local(mid)
             self.status.history[mid][str(st.round)] = st.digest()
             self.status.groups.setdefault(mid, {})[str(st.round)] = list(result.contributors)
             return
         self.worker.feedback[mid].load_state_dict(item.feedback_before)
+        self.carry[mid] = self.carry.get(mid, 0) + item.tokens  # nothing applied: our steps stay local
         self.status.rounds_failed += 1
         logger.warning("module %s round %d: %s (%s)", mid, st.round, result.status, result.reason)
         if result.status == "out_of_sync":
-            self.resync_from[mid] = self.reducers[mid]
+            self._resync_later(mid, item.reducer)
         elif result.status == "behind":
             pass  # the reducer re-syncs itself; our outer gradient waits for the next round
+
+    def _resync_later(self, mid: str, peer: str) -> None:
+        """Download `mid` from `peer` (the reducer that said the group is elsewhere) at the next poll. Not the
+        reducer of the next round: views of who reduces may differ for a moment, and it may be ourselves."""
+        if peer != self.status.peer_id:
+            self.resync_from[mid] = peer
+        else:
+            logger.warning("module %s: our own reducer disagrees with our state; waiting for the next round", mid)
 
     def _round_complete(self) -> None:
         self._round_dirty = False
@@ -600,6 +622,10 @@ class Node:
                                                      "path": self.status.path, "pid": os.getpid()})
 
     def _write_status(self) -> None:
+        if hasattr(self, "worker"):
+            flight = self.in_flight.get("shared")
+            self.status.tokens_unmerged = (self.carry.get("shared", 0) + self.worker.round_tokens
+                                           + (flight.tokens if flight else 0))
         if self.cfg.status_file:
             _write_json_atomic(self.cfg.status_file, self.status.__dict__)
 

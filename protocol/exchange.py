@@ -278,8 +278,11 @@ class ModuleExchange:
         open_round.done.set()
         self._open.pop(key, None)
         self._closed[key] = (open_round.digest_before, result)
-        for old in sorted(self._closed)[:-RESULTS_KEPT * max(1, len(self.numels))]:
-            self._closed.pop(old, None)
+        # Per module: pruning the whole dict in (module, round) order once dropped every result of all
+        # modules but the last, so a late member of those was told out_of_sync instead of late.
+        rounds = sorted(r for m, r in self._closed if m == module)
+        for old in rounds[:-RESULTS_KEPT]:
+            self._closed.pop((module, old), None)
 
     # ---- member side -------------------------------------------------------------------------
     async def contribute(self, reducer: str, module: str, round_: int, tokens: int, digest: str, frame: bytes,
@@ -325,7 +328,8 @@ class ModuleExchange:
             if not await self._admit(header, info.peer_id.to_base58(), writer):
                 return
             module = field_of(header, "module", str)
-            state = self.state_of(module) if module in self.numels else None
+            # the newest state we know: after the rounds we closed, even before our own loop applied them
+            state = self.effective_state(module) if module in self.numels else None
             if state is None:
                 await write_message(writer, {"status": "missing"}, b"", self.traffic)
                 return

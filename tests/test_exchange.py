@@ -168,3 +168,28 @@ def test_sync_world_round_waits_past_the_grace_window_for_every_expected_member(
     assert {r.status for r in full} == {"merged"} and full[0].contributors == ["p0", "p1", "p2"]
     assert 0.8 <= waited < 3.0
     assert partial.status == "alone" and 2.9 <= partial_wait < 4.0
+
+
+def test_a_late_member_is_late_however_many_rounds_other_modules_closed():
+    # Regression: closed results were pruned in (module, round) order across modules, so a busy module
+    # ("shared") evicted every result of the others and their late members were told out_of_sync.
+    async def go():
+        states = {m: LocalState(0, OuterState.fresh(torch.linspace(-1, 1, NUMEL)).digest(),
+                                torch.linspace(-1, 1, NUMEL), torch.zeros(NUMEL)) for m in ("L0M0", "shared")}
+        ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL, "shared": NUMEL}, states.get, post_state)
+        ex.expected_holders.update({"L0M0": 1, "shared": 1})  # each round closes with its first contribution
+        f = frames(1)[0]
+        first = await ex.reduce("L0M0", 0, "p0", 10, states["L0M0"].digest, f)
+        digest = states["shared"].digest
+        for r in range(12):
+            res = await ex.reduce("shared", r, "p0", 10, digest, f)
+            assert res.status == "alone", res
+            digest = res.digest_after
+        late = await ex.reduce("L0M0", 0, "p1", 10, states["L0M0"].digest, f)
+        stale = await ex.reduce("shared", 0, "p1", 10, states["shared"].digest, f)  # long forgotten
+        return first, late, stale
+
+    first, late, stale = asyncio.run(go())
+    assert first.status == "alone"
+    assert late.status == "late" and late.mean_frame == first.mean_frame and late.contributors == ["p0"]
+    assert stale.status == "out_of_sync"  # beyond RESULTS_KEPT rounds: the member must re-sync

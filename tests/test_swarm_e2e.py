@@ -23,8 +23,7 @@ from .conftest import tiny_spec, wait_until
 pytestmark = pytest.mark.timeout(240)
 
 GRACE_S = 4.0
-
-
+TOKENS_PER_ROUND = 20 * 4 * 32  # inner steps x batch x context of the spec below
 
 
 def p2pd_processes(swarm: LocalSwarm) -> list[str]:
@@ -71,6 +70,10 @@ def test_three_nodes_train_with_identical_replicas(spec_path, tmp_path):
             assert any(set(m) == holders[mid] for m in st["b"]["groups"][mid].values()), st["b"]["groups"][mid]
         for name in paths:
             assert st[name]["round"] == 4
+            # every token trained is merged or accounted as not yet merged (carried to the next round)
+            assert st[name]["tokens_trained"] == 4 * TOKENS_PER_ROUND
+            assert st[name]["tokens_merged"] + st[name]["tokens_unmerged"] == st[name]["tokens_trained"], st[name]
+            assert st[name]["tokens_merged"] >= 3 * TOKENS_PER_ROUND, st[name]
             assert st[name]["val_loss_after"] < st[name]["val_loss_before"], st[name]
         # Routed validation loss of the swarm (mean over the three paths) falls by at least 25 %.
         before = sum(st[n]["val_loss_before"] for n in paths) / 3
