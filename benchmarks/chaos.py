@@ -95,10 +95,12 @@ class Arm:
         self.checkpoints_ok, self.checkpoints_bad = 0, []
         self.resumes: list[dict] = []
 
-    def start_node(self, n: str) -> None:
+    def start_node(self, n: str, restart: bool = False) -> None:
         i = self.nodes.index(n)
-        extra = ["--identity", str(self.swarm.workdir / f"{n}.key"), "--wait-peers", str(self.args.nodes),
+        extra = ["--identity", str(self.swarm.workdir / f"{n}.key"),
                  "--threads", "1", "--max-tokens-per-s", str(self.args.max_tokens_per_s)]
+        if not restart:  # the swarm forms together; a restarted node must not wait for peers that are down now
+            extra += ["--wait-peers", str(self.args.nodes)]
         proc = self.swarm.start_node(n, seed=i, extra=extra + (["--sync-rounds"] if self.sync else []))
         if self.args.pin:
             # One core per node, inherited by its DHT process and p2pd: a node's speed then does not depend on
@@ -172,7 +174,7 @@ class Arm:
                     self.events.append({**ev, "at": round(t, 2)})
                 for due, n in [x for x in restarts if x[0] <= t]:
                     restarts.remove((due, n))
-                    self.start_node(n)
+                    self.start_node(n, restart=True)
                     self.resumes.append({"node": n, "at": round(t, 2)})
                 for due, n in [x for x in stalls if x[0] <= t]:
                     stalls.remove((due, n))
@@ -263,14 +265,14 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=300.0, help="wall time of each arm after the swarm formed")
     ap.add_argument("--mean-gap-s", type=float, default=30.0, help="mean time between faults, swarm-wide")
-    ap.add_argument("--max-tokens-per-s", type=float, default=2000.0,
+    ap.add_argument("--max-tokens-per-s", type=float, default=1000.0,
                     help="every node's speed cap (node run --max-tokens-per-s): with the cap well below what a core "
                          "does, a node's speed does not depend on how many others are alive (0: no cap, then pin)")
     ap.add_argument("--restart-after-s", type=float, default=5.0)
     ap.add_argument("--stall-fraction", type=float, default=0.3)
     ap.add_argument("--stall-s", type=float, default=8.0)
     ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--inner-steps", type=int, default=40)
+    ap.add_argument("--inner-steps", type=int, default=20, help="H: with the cap, a round is ≈ 10 s")
     ap.add_argument("--grace-s", type=float, default=4.0)
     ap.add_argument("--claim-ttl-s", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=0)

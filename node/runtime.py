@@ -153,6 +153,7 @@ class Node:
         # module → tokens whose steps stayed in our local weights without being merged (a late, failed or
         # skipped round): the next outer gradient of that module carries those steps, so it counts them too.
         self.carry: dict[str, int] = {}
+        self.catch_up = False  # our last round came late: make the next chunk shorter
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -406,7 +407,7 @@ class Node:
             t0 = time.perf_counter()
             losses: list[float] = []
             chunk_tokens = 0
-            for _ in range(H):
+            for i in range(H):
                 t_step = time.perf_counter()
                 stats = self.worker.train_inner(1)
                 losses.extend(stats.losses)
@@ -422,6 +423,11 @@ class Node:
                     self._write_status()
                 self._poll(block=False)
                 if self.stop_event.is_set():
+                    break
+                if self.catch_up and i + 1 >= H // 2:
+                    # Our last round came late: a shorter chunk moves our next send earlier, back into the group's
+                    # window (a node whose phase drifted, or a slower one, would otherwise stay late every round).
+                    self.catch_up = False
                     break
             elapsed = time.perf_counter() - t0
             self.status.loss = sum(losses[-10:]) / max(1, len(losses[-10:]))
@@ -537,6 +543,7 @@ class Node:
             if result.status == "late":
                 self.worker.feedback[mid].load_state_dict(item.feedback_before)
                 self.carry[mid] = self.carry.get(mid, 0) + item.tokens  # our steps are still in the local weights
+                self.catch_up = True
             if mid == "shared":
                 self.status.last_group = len(result.contributors)
                 if result.status in ("merged", "alone"):
