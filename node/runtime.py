@@ -154,6 +154,9 @@ class Node:
         # skipped round): the next outer gradient of that module carries those steps, so it counts them too.
         self.carry: dict[str, int] = {}
         self.catch_up = False  # our last round came late: make the next chunk shorter
+        # peer → monotonic time until which we do not pick it as a reducer: it failed a round of ours at the
+        # connection level (killed, restarting, frozen). Its claim may stay in the DHT for claim_ttl_s.
+        self.unreachable: dict[str, float] = {}
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -314,7 +317,10 @@ class Node:
                     if c.round > 0:
                         seasoned[mid].add(c.peer_id)
         self.holders = {mid: sorted(peers) for mid, peers in holders.items()}
-        self.reducers = {mid: min(seasoned[mid] or holders[mid]) for mid in holders}
+        now = time.monotonic()
+        skip = {p for p, until in self.unreachable.items() if until > now}
+        # Every member that lost the reducer skips it alike, so they fail over to the same next holder.
+        self.reducers = {mid: min((seasoned[mid] - skip) or (holders[mid] - skip) or {me}) for mid in holders}
         for mid, peers in self.holders.items():
             if self.cfg.sync_rounds:
                 # A data-parallel job's world only grows: a dead worker still counts, and the round waits
@@ -554,6 +560,8 @@ class Node:
             return
         self.worker.feedback[mid].load_state_dict(item.feedback_before)
         self.carry[mid] = self.carry.get(mid, 0) + item.tokens  # nothing applied: our steps stay local
+        if result.reason.startswith("reducer unreachable") and item.reducer != self.status.peer_id:
+            self.unreachable[item.reducer] = time.monotonic() + self.spec.averaging.claim_ttl_s
         self.status.rounds_failed += 1
         logger.warning("module %s round %d: %s (%s)", mid, st.round, result.status, result.reason)
         if result.status == "out_of_sync":

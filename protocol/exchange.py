@@ -294,11 +294,11 @@ class ModuleExchange:
             return await asyncio.wait_for(self._remote_contribute(reducer, module, round_, tokens, digest, frame),
                                           timeout_s)
         except TimeoutError:
-            return RoundResult(module, round_, "failed", reason=f"no answer from the reducer in {timeout_s:.0f} s")
+            return RoundResult(module, round_, "failed", reason=f"reducer unreachable: no answer in {timeout_s:.0f} s")
         except (WireError, ConnectionError, OSError, asyncio.IncompleteReadError) as e:
             return RoundResult(module, round_, "failed", reason=f"reducer unreachable: {e}")
         except Exception as e:  # p2pd control errors come in several types; a round failing is never fatal
-            return RoundResult(module, round_, "failed", reason=f"{type(e).__name__}: {e}")
+            return RoundResult(module, round_, "failed", reason=f"reducer unreachable: {type(e).__name__}: {e}")
 
     async def _remote_contribute(self, reducer: str, module: str, round_: int, tokens: int, digest: str,
                                  frame: bytes) -> RoundResult:
