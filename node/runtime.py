@@ -37,7 +37,7 @@ from pathswarm.node.inner import evaluate_loss
 from pathswarm.node.outer import OuterState, state_digest
 from pathswarm.node.router import route_many
 from pathswarm.node.worker import PathWorker
-from pathswarm.protocol.exchange import RoundResult
+from pathswarm.protocol.exchange import UNREACHABLE, RoundResult
 from pathswarm.protocol.spec import SwarmSpec, format_path, parse_path
 
 logger = logging.getLogger(__name__)
@@ -318,7 +318,8 @@ class Node:
                         seasoned[mid].add(c.peer_id)
         self.holders = {mid: sorted(peers) for mid, peers in holders.items()}
         now = time.monotonic()
-        skip = {p for p, until in self.unreachable.items() if until > now}
+        self.unreachable = {p: until for p, until in self.unreachable.items() if until > now}
+        skip = set(self.unreachable)
         # Every member that lost the reducer skips it alike, so they fail over to the same next holder.
         self.reducers = {mid: min((seasoned[mid] - skip) or (holders[mid] - skip) or {me}) for mid in holders}
         for mid, peers in self.holders.items():
@@ -560,7 +561,7 @@ class Node:
             return
         self.worker.feedback[mid].load_state_dict(item.feedback_before)
         self.carry[mid] = self.carry.get(mid, 0) + item.tokens  # nothing applied: our steps stay local
-        if result.reason.startswith("reducer unreachable") and item.reducer != self.status.peer_id:
+        if result.reason.startswith(UNREACHABLE) and item.reducer != self.status.peer_id:
             self.unreachable[item.reducer] = time.monotonic() + self.spec.averaging.claim_ttl_s
         self.status.rounds_failed += 1
         logger.warning("module %s round %d: %s (%s)", mid, st.round, result.status, result.reason)

@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 RESULTS_KEPT = 4  # closed rounds a reducer remembers for late members
 MAX_TOKENS = 1 << 53  # most tokens one contribution may count (exact in a float; no round trains so many)
+UNREACHABLE = "reducer unreachable"  # reason prefix of a round that failed at the connection level
 MAX_ROUND = 1 << 62  # rounds are int64 everywhere (records.MAX_COUNT); state_digest packs them in 8 bytes
 
 
@@ -74,7 +75,6 @@ class RoundResult:
 class _OpenRound:
     digest_before: str
     target: int
-    opened_at: float
     frames: dict[str, tuple[int, bytes]] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: RoundResult | None = None
@@ -227,7 +227,7 @@ class ModuleExchange:
         if open_round is None:
             quorum = 1 << 30 if self.sync_world else self.spec.averaging.min_group  # sync: all of them
             target = max(1, min(quorum, self.expected_holders.get(module, 1)))
-            open_round = self._open[key] = _OpenRound(mine.digest, target, time.monotonic())
+            open_round = self._open[key] = _OpenRound(mine.digest, target)
             asyncio.get_running_loop().create_task(self._close_after_grace(key, open_round))
         if open_round.result is None:
             open_round.frames[sender] = (tokens, frame)
@@ -294,11 +294,11 @@ class ModuleExchange:
             return await asyncio.wait_for(self._remote_contribute(reducer, module, round_, tokens, digest, frame),
                                           timeout_s)
         except TimeoutError:
-            return RoundResult(module, round_, "failed", reason=f"reducer unreachable: no answer in {timeout_s:.0f} s")
+            return RoundResult(module, round_, "failed", reason=f"{UNREACHABLE}: no answer in {timeout_s:.0f} s")
         except (WireError, ConnectionError, OSError, asyncio.IncompleteReadError) as e:
-            return RoundResult(module, round_, "failed", reason=f"reducer unreachable: {e}")
+            return RoundResult(module, round_, "failed", reason=f"{UNREACHABLE}: {e}")
         except Exception as e:  # p2pd control errors come in several types; a round failing is never fatal
-            return RoundResult(module, round_, "failed", reason=f"reducer unreachable: {type(e).__name__}: {e}")
+            return RoundResult(module, round_, "failed", reason=f"{UNREACHABLE}: {type(e).__name__}: {e}")
 
     async def _remote_contribute(self, reducer: str, module: str, round_: int, tokens: int, digest: str,
                                  frame: bytes) -> RoundResult:
