@@ -30,7 +30,7 @@ is capped (`node run --max-tokens-per-s`, each step paced on its own so a frozen
 up) well below what a core does, and `pace_held` in the JSON (tokens trained ÷ what the caps allow)
 shows that the CPU kept up. Without a cap (`--max-tokens-per-s 0`) nodes are pinned one per core.
 
-    python benchmarks/chaos.py      # the committed run: 8 nodes, 4 arms of 300 s, ≈ 25 min
+    python benchmarks/chaos.py --nodes 8     # the committed run: 4 arms of 300 s, ≈ 25 min
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=str(RESULTS / "chaos.json"))
     ap.add_argument("--plot", default=str(RESULTS / "chaos.png"))
-    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--nodes", type=int, default=4, help="the committed run uses 8")
     ap.add_argument("--seconds", type=float, default=300.0, help="wall time of each arm after the swarm formed")
     ap.add_argument("--mean-gap-s", type=float, default=30.0, help="mean time between faults, swarm-wide")
     ap.add_argument("--max-tokens-per-s", type=float, default=1000.0,
