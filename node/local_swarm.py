@@ -181,16 +181,26 @@ def replicas_identical(statuses: list[dict]) -> tuple[bool, int]:
     A round is identified by (module, round number, contributors): every node that applied that
     round's mean (merged or late) reports one digest for it, and they must all be equal. Returns the
     verdict and how many digests were compared against another node's."""
-    seen: dict[tuple, str] = {}
-    compared, ok = 0, True
+    mismatches, compared = replica_mismatches(statuses)
+    return not mismatches, compared
+
+
+def replica_mismatches(statuses: list[dict]) -> tuple[list[str], int]:
+    """The rounds whose members disagree (one line each, naming the nodes' digests), and how many digests were
+    compared against another node's."""
+    seen: dict[tuple, tuple[str, str]] = {}
+    compared, bad = 0, []
     for st in statuses:
         groups = st.get("groups") or {}
+        me = str(st.get("peer_id", "?"))[-8:]
         for mid, rounds in (st.get("history") or {}).items():
             for r, digest in rounds.items():
                 key = (mid, r, tuple(sorted(groups.get(mid, {}).get(r, []))))
-                if key in seen:
-                    compared += 1
-                    ok &= seen[key] == digest
-                else:
-                    seen[key] = digest
-    return ok, compared
+                if key not in seen:
+                    seen[key] = (me, digest)
+                    continue
+                compared += 1
+                if seen[key][1] != digest:
+                    bad.append(f"{mid} round {r} group {[p[-8:] for p in key[2]]}: {seen[key][0]} has "
+                               f"{seen[key][1]}, {me} has {digest}")
+    return bad, compared

@@ -37,7 +37,7 @@ from pathswarm.node.inner import evaluate_loss
 from pathswarm.node.outer import OuterState, state_digest
 from pathswarm.node.router import route_many
 from pathswarm.node.worker import PathWorker
-from pathswarm.protocol.exchange import UNREACHABLE, RoundResult
+from pathswarm.protocol.exchange import RANK_LOST, UNREACHABLE, RoundResult
 from pathswarm.protocol.spec import SwarmSpec, format_path, parse_path
 
 logger = logging.getLogger(__name__)
@@ -100,6 +100,8 @@ class _InFlight:
     """Tokens behind this outer gradient (this round's, plus any carried from rounds that did not merge)."""
     reducer: str
     """Who reduces the round: the peer to re-sync from if it answers that the group is ahead."""
+    digest: str
+    """Digest of our module state when we sent: the state the round's mean must be applied to."""
 
 
 @dataclass
@@ -114,7 +116,13 @@ class NodeStatus:
     tokens_merged: int = 0
     tokens_unmerged: int = 0
     """Tokens trained whose steps are not in a merged round yet (being trained, in flight, or carried over
-    from a late or failed round): tokens_trained = tokens_merged + tokens_unmerged, unless the node restarted."""
+    from a late or failed round): tokens_trained = tokens_merged + tokens_unmerged + tokens_discarded, unless
+    the node restarted."""
+    digest_mismatches: int = 0
+    """Rounds after which our replica of a module differed from the group's (then re-synced from the reducer)."""
+    tokens_discarded: int = 0
+    """Tokens whose steps were thrown away: only in the sync baseline, when a round failed because a member died
+    (a data-parallel job redoes the step from the last good state)."""
     last_group: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -310,10 +318,12 @@ class Node:
         # says round 0) is not chosen until it has trained a round with the group: otherwise it could
         # reduce a round while still downloading state, and split the group in two.
         seasoned: dict[str, set[str]] = {mid: ({me} if self.status.round > 0 else set()) for mid in holders}
+        live: dict[str, dict[str, int]] = {mid: {me: self.status.round} for mid in holders}
         for c in claims:
             for mid in self.spec.module_ids(tuple(c.path)):
                 if mid in holders:
                     holders[mid].add(c.peer_id)
+                    live[mid][c.peer_id] = c.round
                     if c.round > 0:
                         seasoned[mid].add(c.peer_id)
         self.holders = {mid: sorted(peers) for mid, peers in holders.items()}
@@ -327,6 +337,7 @@ class Node:
                 # A data-parallel job's world only grows: a dead worker still counts, and the round waits
                 # for it to come back (up to timeout_s), as a collective waits for a missing rank.
                 self.exchange.expected_holders[mid] = max(len(peers), self.exchange.expected_holders.get(mid, 0))
+                self.exchange.live_holders[mid] = live[mid]  # one assignment: the network thread reads it
             else:
                 self.exchange.expected_holders[mid] = len(peers)
 
@@ -482,15 +493,22 @@ class Node:
             frame = self.worker.encode_pseudo_grad(mid)
             reducer = self.reducers[mid]
             timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
-            sent = tokens + self.carry.pop(mid, 0)
-            fut = self.net.submit(self.exchange.contribute(reducer, mid, st.round, sent, st.digest(), frame, timeout))
-            self.in_flight[mid] = _InFlight(fut, local, feedback_before, sent, reducer)
+            sent, digest = tokens + self.carry.pop(mid, 0), st.digest()
+            fut = self.net.submit(self.exchange.contribute(reducer, mid, st.round, sent, digest, frame, timeout))
+            self.in_flight[mid] = _InFlight(fut, local, feedback_before, sent, reducer, digest)
         self.worker.end_round()
 
     def _poll_timed(self, timeout_s: float | None = None) -> None:
         """Wait (at most timeout_s; None: the round's own timeout) for the rounds in flight to settle, keeping
         unsettled ones in flight, and record how long training stood still."""
         t0 = time.monotonic()
+        if self.cfg.sync_rounds and timeout_s is None:
+            # The reducer fails the round when a member dies: it learns that from the claims we read here.
+            deadline = t0 + self.spec.averaging.grace_s + self.spec.averaging.timeout_s + 5
+            while self.in_flight and not self.stop_event.is_set() and time.monotonic() < deadline:
+                self._poll(block=True, timeout_s=1.0, abandon=False)
+                if self.in_flight:
+                    self._refresh_holders_safe()
         self._poll(block=True, timeout_s=timeout_s, abandon=False)
         self.status.wait_max_s = max(self.status.wait_max_s, round(time.monotonic() - t0, 3))
 
@@ -530,6 +548,9 @@ class Node:
                      len(result.contributors), result.reason)
         self.status.history.setdefault(mid, {})
         avg = None
+        if result.applicable and result.round == st.round and st.digest() != item.digest:
+            # Our state was replaced (a re-sync) while the round was open: the mean belongs to another state.
+            result = RoundResult(mid, result.round, "failed", reason="our state changed while the round was open")
         if result.applicable and result.round == st.round:
             try:  # the mean comes from a peer: untrusted bytes
                 avg = decode(result.mean_frame, max_elements=st.anchor.numel()).reshape(-1)
@@ -541,9 +562,12 @@ class Node:
         if avg is not None:
             old_anchor = st.anchor.clone()
             st.apply(avg, self.spec.outer)
-            if result.digest_after and st.digest() != result.digest_after:
+            diverged = bool(result.digest_after) and st.digest() != result.digest_after
+            if diverged:
+                # Our replica is not the group's: the re-sync replaces it, and the history does not record it.
                 logger.error("module %s round %d: digest %s != group's %s; re-syncing", mid, result.round,
                              st.digest(), result.digest_after)
+                self.status.digest_mismatches += 1
                 self._resync_later(mid, item.reducer)
             base = item.local_when_sent if result.status in ("merged", "alone") else old_anchor
             self.worker.set_flat(mid, st.anchor + (self.worker.flat(mid) - base))
@@ -556,11 +580,18 @@ class Node:
                 if result.status in ("merged", "alone"):
                     self.status.tokens_merged += item.tokens
             self._publish_local(mid)
-            self.status.history[mid][str(st.round)] = st.digest()
-            self.status.groups.setdefault(mid, {})[str(st.round)] = list(result.contributors)
+            if not diverged:
+                self.status.history[mid][str(st.round)] = st.digest()
+                self.status.groups.setdefault(mid, {})[str(st.round)] = list(result.contributors)
             return
         self.worker.feedback[mid].load_state_dict(item.feedback_before)
-        self.carry[mid] = self.carry.get(mid, 0) + item.tokens  # nothing applied: our steps stay local
+        if self.cfg.sync_rounds and result.reason.startswith(RANK_LOST):
+            # Data-parallel: a step that a dead rank broke is redone by everyone from the last good state.
+            self.worker.set_flat(mid, st.anchor.clone())
+            if mid == "shared":
+                self.status.tokens_discarded += item.tokens
+        else:
+            self.carry[mid] = self.carry.get(mid, 0) + item.tokens  # nothing applied: our steps stay local
         if result.reason.startswith(UNREACHABLE) and item.reducer != self.status.peer_id:
             self.unreachable[item.reducer] = time.monotonic() + self.spec.averaging.claim_ttl_s
         self.status.rounds_failed += 1

@@ -15,6 +15,10 @@ keep your outer gradient for the next round), `out_of_sync` (your state before t
 from the group's: download the module's state), `behind` (the reducer is behind you). A reducer that
 dies just closes the stream: the member's round fails at once and its outer gradient is kept.
 
+Synchronous baseline (`node run --sync-rounds`, for benchmarks/chaos.py): a round waits for the job's
+whole world, and fails for everyone when one of its members dies (its claim lapses or restarts), as a
+data-parallel collective does; the members discard their steps and retry the round.
+
 Also served: `state` requests, which return a module's anchor, outer momentum and round for joiners.
 Everything received is bounded by the module's size from the spec before it is read.
 """
@@ -42,6 +46,17 @@ logger = logging.getLogger(__name__)
 RESULTS_KEPT = 4  # closed rounds a reducer remembers for late members
 MAX_TOKENS = 1 << 53  # most tokens one contribution may count (exact in a float; no round trains so many)
 UNREACHABLE = "reducer unreachable"  # reason prefix of a round that failed at the connection level
+RANK_LOST = "a member left the world"  # sync baseline: reason prefix of a round failed because a member died
+
+
+def rank_lost(world: dict[str, int], live: dict[str, int]) -> str:
+    """A peer of `world` (holders when a sync round opened → the round their claim said) that has since died:
+    its claim lapsed, or it came back as a new process (its claim's round went down; rounds count per process).
+    Returns that peer's id, or '' when every rank is still there."""
+    for peer, round_ in sorted(world.items()):
+        if peer not in live or live[peer] < round_:
+            return peer
+    return ""
 MAX_ROUND = 1 << 62  # rounds are int64 everywhere (records.MAX_COUNT); state_digest packs them in 8 bytes
 
 
@@ -78,6 +93,7 @@ class _OpenRound:
     frames: dict[str, tuple[int, bytes]] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: RoundResult | None = None
+    world: dict[str, int] = field(default_factory=dict)  # sync: live holders at opening → their claimed round
 
 
 class ModuleExchange:
@@ -107,6 +123,9 @@ class ModuleExchange:
         self._post: dict[str, LocalState] = {}
         self.traffic = traffic or Traffic()
         self.expected_holders: dict[str, int] = {}
+        # sync: module → {live holder: the round its claim says}, refreshed by the node while it waits. A holder
+        # whose claim lapses or restarts at a lower round has lost its rank: the open round fails for all.
+        self.live_holders: dict[str, dict[str, int]] = {}
         self.behind: dict[str, str] = {}  # module → a peer that is ahead of us (re-sync from it)
         self.offenses: dict[str, int] = {}  # peer → contributions of it we rejected (robust aggregation)
         # A member sends one contribution per module per round and downloads a module's state when it joins or
@@ -227,7 +246,8 @@ class ModuleExchange:
         if open_round is None:
             quorum = 1 << 30 if self.sync_world else self.spec.averaging.min_group  # sync: all of them
             target = max(1, min(quorum, self.expected_holders.get(module, 1)))
-            open_round = self._open[key] = _OpenRound(mine.digest, target)
+            world = dict(self.live_holders.get(module, {}))
+            open_round = self._open[key] = _OpenRound(mine.digest, target, world=world)
             asyncio.get_running_loop().create_task(self._close_after_grace(key, open_round))
         if open_round.result is None:
             open_round.frames[sender] = (tokens, frame)
@@ -236,6 +256,8 @@ class ModuleExchange:
         await open_round.done.wait()
         assert open_round.result is not None
         result = open_round.result
+        if result.status == "failed":
+            return result
         status = "merged" if sender in result.contributors else "late"
         if status == "merged" and len(result.contributors) == 1:
             status = "alone"
@@ -243,10 +265,29 @@ class ModuleExchange:
                            result.digest_after)
 
     async def _close_after_grace(self, key: tuple[str, int], open_round: _OpenRound) -> None:
-        # sync: reaching the target closes the round in reduce(); otherwise only the timeout does
-        await asyncio.sleep(self.spec.averaging.timeout_s if self.sync_world else self.spec.averaging.grace_s)
+        if not self.sync_world:
+            await asyncio.sleep(self.spec.averaging.grace_s)
+            if open_round.result is None:
+                self._close(key, open_round)
+            return
+        # sync: reaching the target closes the round in reduce(); a rank lost fails it; otherwise the timeout ends it
+        deadline = time.monotonic() + self.spec.averaging.timeout_s
+        while open_round.result is None and time.monotonic() < deadline:
+            lost = rank_lost(open_round.world, self.live_holders.get(key[0], {}))
+            if lost:
+                self._fail(key, open_round, f"{RANK_LOST}: {lost[-8:]}")
+                return
+            await asyncio.sleep(0.25)
         if open_round.result is None:
             self._close(key, open_round)
+
+    def _fail(self, key: tuple[str, int], open_round: _OpenRound, reason: str) -> None:
+        """Fail an open round for every member, as a collective fails when a rank dies: nobody applies anything,
+        and the round is not remembered as closed, so the members' retry at the same round number opens it anew."""
+        logger.warning("module %s round %d failed: %s", key[0], key[1], reason)
+        open_round.result = RoundResult(key[0], key[1], "failed", reason=reason)
+        open_round.done.set()
+        self._open.pop(key, None)
 
     def _close(self, key: tuple[str, int], open_round: _OpenRound) -> None:
         module, round_ = key

@@ -14,7 +14,7 @@ import torch
 from pathswarm.compression import decode, encode
 from pathswarm.node.outer import OuterState
 from pathswarm.protocol.aggregate import weighted_average
-from pathswarm.protocol.exchange import LocalState, ModuleExchange
+from pathswarm.protocol.exchange import RANK_LOST, LocalState, ModuleExchange, rank_lost
 from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
 from pathswarm.protocol.wire import MAGIC, WireError, read_message, write_message
 
@@ -168,6 +168,44 @@ def test_sync_world_round_waits_past_the_grace_window_for_every_expected_member(
     assert {r.status for r in full} == {"merged"} and full[0].contributors == ["p0", "p1", "p2"]
     assert 0.8 <= waited < 3.0
     assert partial.status == "alone" and 2.9 <= partial_wait < 4.0
+
+
+def test_rank_lost_names_a_member_whose_claim_lapsed_or_restarted():
+    world = {"a": 3, "b": 3, "c": 0}
+    assert rank_lost(world, {"a": 3, "b": 4, "c": 1, "d": 0}) == ""  # rounds went up, a newcomer is no loss
+    assert rank_lost(world, {"a": 3, "c": 0}) == "b"  # b's claim lapsed
+    assert rank_lost(world, {"a": 0, "b": 3, "c": 0}) == "a"  # a came back as a new process (round 0)
+    assert rank_lost({}, {}) == ""
+
+
+def test_sync_round_fails_for_everyone_when_a_member_dies_and_the_retry_opens_anew():
+    spec = SwarmSpec(averaging=AveragingSpec(min_group=2, grace_s=0.2, timeout_s=5.0))
+
+    async def go():
+        st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+        mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
+        ex = ModuleExchange(spec, None, "p0", {"L0M0": NUMEL}, lambda m: mine, post_state, sync_world=True)
+        ex.expected_holders["L0M0"] = 3
+        ex.live_holders["L0M0"] = {"p0": 2, "p1": 2, "p2": 2}
+        f = frames(3)
+        waiting = [asyncio.ensure_future(ex.reduce("L0M0", 0, p, 10, mine.digest, x))
+                   for p, x in (("p0", f[0]), ("p1", f[1]))]
+        await asyncio.sleep(0.6)
+        assert not any(w.done() for w in waiting)  # p2 is alive: the round waits for it
+        t0 = asyncio.get_running_loop().time()
+        ex.live_holders["L0M0"] = {"p0": 2, "p1": 2}  # p2's claim lapsed
+        failed = await asyncio.gather(*waiting)
+        noticed = asyncio.get_running_loop().time() - t0
+        # p2 comes back as a new process: the retry at the same round number waits for it and merges all three
+        ex.live_holders["L0M0"] = {"p0": 2, "p1": 2, "p2": 0}
+        retry = await asyncio.gather(*(ex.reduce("L0M0", 0, p, 10, mine.digest, x)
+                                       for p, x in (("p0", f[0]), ("p1", f[1]), ("p2", f[2]))))
+        return failed, noticed, retry
+
+    failed, noticed, retry = asyncio.run(go())
+    assert [r.status for r in failed] == ["failed", "failed"] and noticed < 1.0
+    assert all(r.reason.startswith(RANK_LOST) and r.reason.endswith("p2") and not r.mean_frame for r in failed)
+    assert {r.status for r in retry} == {"merged"} and retry[0].contributors == ["p0", "p1", "p2"]
 
 
 def test_a_late_member_is_late_however_many_rounds_other_modules_closed():

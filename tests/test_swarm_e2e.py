@@ -15,7 +15,7 @@ import time
 import pytest
 
 from pathswarm.node.checkpoint import load_checkpoint
-from pathswarm.node.local_swarm import LocalSwarm, replicas_identical
+from pathswarm.node.local_swarm import LocalSwarm, replica_mismatches
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec
 
 from .conftest import tiny_spec, wait_until
@@ -57,8 +57,8 @@ def test_three_nodes_train_with_identical_replicas(spec_path, tmp_path):
         st = {n: swarm.status(n) for n in paths}
         peer = {n: st[n]["peer_id"] for n in paths}
         assert {n: st[n]["path"] for n in paths} == paths
-        identical, compared = replicas_identical(list(st.values()))
-        assert identical and compared >= 8, compared
+        mismatches, compared = replica_mismatches(list(st.values()))
+        assert not mismatches and compared >= 8, (mismatches, compared)
         holders = {"shared": set(peer.values()), "L0M0": {peer["a"], peer["b"]}, "L1M1": {peer["b"], peer["c"]},
                    "L1M0": {peer["a"]}, "L0M1": {peer["c"]}}
         for name in paths:
@@ -128,8 +128,8 @@ def test_late_join_sigkill_and_sigterm(spec_path, tmp_path):
         wait_until(lambda: swarm.status("a")["round"] >= round_a + 2, 60, "node a to go on after b died")
         round_time = killed_at and (time.monotonic() - killed_at) / 2
         assert round_time < 20 + GRACE_S, round_time
-        identical, compared = replicas_identical([swarm.status(n) for n in ("a", "b", "c")])
-        assert identical and compared > 0
+        mismatches, compared = replica_mismatches([swarm.status(n) for n in ("a", "b", "c")])
+        assert not mismatches and compared > 0, (mismatches, [swarm.tail(n) for n in ("a", "b", "c")])
         # SIGTERM: a leaves within seconds with exit code 0 and a loadable checkpoint.
         swarm.signal("a", signal.SIGTERM)
         assert swarm.wait_nodes(["a"], timeout_s=30) == {"a": 0}
