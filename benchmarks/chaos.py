@@ -6,9 +6,11 @@ with none ≥ 0.90 for pathswarm, and far below it (≤ 0.40) for a synchronous 
 Four arms, each a real local swarm (a bootstrap peer and --nodes node processes on 127.0.0.1, one
 path, so every node averages every module with every other) running for --seconds of wall time:
   decoupled, no faults | decoupled, faults | sync, no faults | sync, faults
-`sync` is `node run --sync-rounds`: a round waits for every node that ever held the module (a dead one
-until it is back, or timeout_s) and nobody trains on until the round is done, which is what
-data-parallel training does (a collective blocks until every rank arrives).
+`sync` is `node run --sync-rounds`, which is what data-parallel training does: a round waits for every
+node that ever held the module (a collective blocks until every rank arrives), nobody trains on until
+the round is done, and when a member dies during a round (its claim lapses, or it comes back as a new
+process) the round fails for everyone, who throw its steps away and redo it with the restarted member
+(an elastic job restarts every rank from the last good state; `tokens_discarded` counts those steps).
 
 The fault plan is seeded and the same for both faulty arms: at random moments (exponential gaps,
 mean --mean-gap-s swarm-wide) a random running node is SIGKILLed (also mid-round and mid-checkpoint,
@@ -16,9 +18,11 @@ as the moments are random) and restarted --restart-after-s later from its checkp
 the same identity, or (--stall-fraction of the events) its whole process group is frozen with SIGSTOP
 for --stall-s and then continued.
 
-Goodput = tokens that ended up in the model (the shared module's rounds that merged or were applied
-alone, including steps carried over from a late or failed round, summed over every incarnation of
-every node) ÷ the same count in the arm of the same mode with no faults. Also checked and reported:
+Goodput = tokens that ended up in the model (the tokens of the shared module's rounds that merged or
+were applied alone, including steps carried over from a late or failed round, as counted by the
+reducers that merged them, over every incarnation of every node) ÷ the same count in the arm of the
+same mode with no faults. `goodput_members` is the same ratio from what the members heard merged: it
+misses the last contribution of a member killed before the result reached it. Also checked and reported:
 restarted nodes resume from their last complete checkpoint and reach the swarm's round again; every
 checkpoint left by a SIGKILL loads; the longest time a node that was not itself frozen stood still
 waiting for a round (`wait_max_s` in its status: decoupled nodes never wait past the grace window);
@@ -67,6 +71,10 @@ def make_spec(directory: Path, args) -> tuple[SwarmSpec, Path]:
     return spec, path
 
 
+# status counters summed over every incarnation of a node
+COUNTERS = ("tokens_merged", "tokens_trained", "tokens_discarded", "tokens_reduced")
+
+
 def fault_plan(seed: int, seconds: float, nodes: int, mean_gap_s: float, stall_fraction: float) -> list[dict]:
     rng = random.Random(seed)
     plan, t = [], 10.0  # let the swarm form first
@@ -85,8 +93,8 @@ class Arm:
         self.name, self.args, self.sync, self.plan = name, args, sync, plan
         self.swarm = LocalSwarm(spec_path, workdir)
         self.nodes = [f"n{i}" for i in range(args.nodes)]
-        self.banked = {n: 0 for n in self.nodes}  # tokens merged by earlier incarnations
-        self.banked_trained = {n: 0 for n in self.nodes}
+        # per counter of the status: what each node's earlier incarnations counted
+        self.banked = {c: {n: 0 for n in self.nodes} for c in COUNTERS}
         self.incarnations: list[dict] = []  # every finished incarnation's longest stand-still, and whether it stalled
         self.stalled_now: set[str] = set()  # nodes SIGSTOPped during their current incarnation
         self.last = {n: {} for n in self.nodes}  # last status seen of the current incarnation
@@ -107,11 +115,16 @@ class Arm:
             # how many others are alive, so killing one does not speed the survivors up.
             os.sched_setaffinity(proc.pid, {i % os.cpu_count()})
 
+    def total(self, counter: str) -> int:
+        return sum(self.banked[counter][n] + int(self.last[n].get(counter, 0)) for n in self.nodes)
+
     def merged(self) -> int:
-        return sum(self.banked[n] + int(self.last[n].get("tokens_merged", 0)) for n in self.nodes)
+        # Counted by the reducers: a member killed after its outer gradient was merged, but before it heard the
+        # result, cannot count those tokens itself (its members' own count is `tokens_merged_members`).
+        return self.total("tokens_reduced")
 
     def trained(self) -> int:
-        return sum(self.banked_trained[n] + int(self.last[n].get("tokens_trained", 0)) for n in self.nodes)
+        return self.total("tokens_trained")
 
     def end_incarnation(self, n: str) -> None:
         self.incarnations.append({"node": n, "wait_max_s": float(self.last[n].get("wait_max_s", 0.0)),
@@ -128,8 +141,8 @@ class Arm:
     def kill(self, n: str, t: float) -> None:
         self.swarm.signal(n, signal.SIGKILL)
         self.swarm.nodes[n].wait(10)
-        self.banked[n] += int(self.last[n].get("tokens_merged", 0))
-        self.banked_trained[n] += int(self.last[n].get("tokens_trained", 0))
+        for c in COUNTERS:
+            self.banked[c][n] += int(self.last[n].get(c, 0))
         self.end_incarnation(n)
         self.last[n] = {}
         self.swarm.node_files(n)["status.json"].unlink(missing_ok=True)
@@ -152,6 +165,7 @@ class Arm:
             self.poll(0.0)
             # counted from here: nodes that became ready first may already have merged a round or two
             offset_merged, offset_trained = self.merged(), self.trained()
+            offset_discarded, offset_members = self.total("tokens_discarded"), self.total("tokens_merged")
             pending = list(self.plan)
             restarts: list[tuple[float, str]] = []
             stalls: list[tuple[float, str]] = []
@@ -184,6 +198,8 @@ class Arm:
                 _signal_group(self.swarm.nodes[n].pid, signal.SIGCONT)
             self.poll(time.monotonic() - t0)
             merged, trained = self.merged() - offset_merged, self.trained() - offset_trained
+            merged_members = self.total("tokens_merged") - offset_members
+            discarded = self.total("tokens_discarded") - offset_discarded
             # trained but not merged yet when time ran out (carried to a round that did not happen in time)
             unmerged = sum(int(self.last[n].get("tokens_unmerged", 0)) for n in self.nodes)
             for n in self.nodes:
@@ -201,8 +217,11 @@ class Arm:
             self.swarm.close()
         identical, compared = replicas_identical([f for f in finals if f])
         waits = [i["wait_max_s"] for i in self.incarnations if not i["stalled"]]
-        return {"arm": self.name, "sync": self.sync, "tokens_merged": merged, "tokens_trained": trained,
+        return {"arm": self.name, "sync": self.sync, "tokens_merged": merged, "tokens_merged_members": merged_members,
+                "tokens_trained": trained,
                 "tokens_unmerged_at_end": unmerged,
+                # sync only: steps thrown away because a member died during their round (data-parallel redoes them)
+                "tokens_discarded": discarded,
                 # tokens trained ÷ what the cap allows: ≈ 1 means the CPU kept up, so speeds are cap-bound
                 "pace_held": round(trained / (a.nodes * a.max_tokens_per_s * a.seconds), 3) if a.max_tokens_per_s
                 else None,
@@ -306,9 +325,13 @@ def main() -> None:
     by = {a["arm"]: a for a in arms}
     goodput = {m: by[f"{m}, faults"]["tokens_merged"] / max(1, by[f"{m}, no faults"]["tokens_merged"])
                for m in args.arms.split(",")}
+    # the same ratio from what members heard merged (misses contributions of members killed before the result)
+    goodput_members = {m: by[f"{m}, faults"]["tokens_merged_members"]
+                       / max(1, by[f"{m}, no faults"]["tokens_merged_members"]) for m in args.arms.split(",")}
     report = {
         "goal": "goodput (faults ÷ no faults) ≥ 0.90 decoupled, ≤ 0.40 synchronous",
-        "goodput": goodput, "met": goodput.get("decoupled", 0) >= 0.90 and goodput.get("sync", 1) <= 0.40,
+        "goodput": goodput, "goodput_members": goodput_members,
+        "met": goodput.get("decoupled", 0) >= 0.90 and goodput.get("sync", 1) <= 0.40,
         "config": vars(args), "fault_plan": plan,
         "faults": {"kills": sum(e["kind"] == "kill" for e in plan), "stalls": sum(e["kind"] == "stall" for e in plan)},
         "arms": arms, "wall_s": round(time.monotonic() - t0, 1), "machine": machine(),

@@ -118,6 +118,9 @@ class NodeStatus:
     """Tokens trained whose steps are not in a merged round yet (being trained, in flight, or carried over
     from a late or failed round): tokens_trained = tokens_merged + tokens_unmerged + tokens_discarded, unless
     the node restarted."""
+    tokens_reduced: int = 0
+    """Tokens of the shared module's rounds this node closed as their reducer (summed over the swarm: the tokens
+    that entered the model, counted once, including those of members that died before hearing the result)."""
     digest_mismatches: int = 0
     """Rounds after which our replica of a module differed from the group's (then re-synced from the reducer)."""
     tokens_discarded: int = 0
@@ -673,6 +676,8 @@ class Node:
             flight = self.in_flight.get("shared")
             self.status.tokens_unmerged = (self.carry.get("shared", 0) + self.worker.round_tokens
                                            + (flight.tokens if flight else 0))
+        if getattr(self, "exchange", None) is not None:
+            self.status.tokens_reduced = self.exchange.tokens_reduced.get("shared", 0)
         if self.cfg.status_file:
             _write_json_atomic(self.cfg.status_file, self.status.__dict__)
 
@@ -689,6 +694,8 @@ class Node:
             logger.warning("could not withdraw the claim: %s", e)
         if hasattr(self, "net"):
             self.net.stop()
+            if self.status.state == "stopped":
+                self._write_status()  # rounds we closed for others until our network stopped count too
         if hasattr(self, "sdht"):
             self.sdht.shutdown()
 

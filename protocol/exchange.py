@@ -127,6 +127,9 @@ class ModuleExchange:
         # whose claim lapses or restarts at a lower round has lost its rank: the open round fails for all.
         self.live_holders: dict[str, dict[str, int]] = {}
         self.behind: dict[str, str] = {}  # module → a peer that is ahead of us (re-sync from it)
+        # module → tokens in the rounds we closed with a mean: what entered the model through us (a member that
+        # dies before it hears the result cannot count its own tokens; the reducer that merged them can)
+        self.tokens_reduced: dict[str, int] = {}
         self.offenses: dict[str, int] = {}  # peer → contributions of it we rejected (robust aggregation)
         # A member sends one contribution per module per round and downloads a module's state when it joins or
         # re-syncs: these budgets are far above that, and far below what a flood would need.
@@ -313,6 +316,7 @@ class ModuleExchange:
                 self._post[module] = post
                 digest_after = post.digest
             result = RoundResult(module, round_, "merged", mean_frame, used, merged.tokens, digest_after)
+            self.tokens_reduced[module] = self.tokens_reduced.get(module, 0) + merged.tokens
         else:
             result = RoundResult(module, round_, "failed", reason="no valid contribution")
         open_round.result = result

@@ -200,9 +200,10 @@ def test_sync_round_fails_for_everyone_when_a_member_dies_and_the_retry_opens_an
         ex.live_holders["L0M0"] = {"p0": 2, "p1": 2, "p2": 0}
         retry = await asyncio.gather(*(ex.reduce("L0M0", 0, p, 10, mine.digest, x)
                                        for p, x in (("p0", f[0]), ("p1", f[1]), ("p2", f[2]))))
-        return failed, noticed, retry
+        return failed, noticed, retry, ex.tokens_reduced
 
-    failed, noticed, retry = asyncio.run(go())
+    failed, noticed, retry, reduced = asyncio.run(go())
+    assert reduced == {"L0M0": 30}  # only the retry's three contributions of 10 tokens entered the model
     assert [r.status for r in failed] == ["failed", "failed"] and noticed < 1.0
     assert all(r.reason.startswith(RANK_LOST) and r.reason.endswith("p2") and not r.mean_frame for r in failed)
     assert {r.status for r in retry} == {"merged"} and retry[0].contributors == ["p0", "p1", "p2"]

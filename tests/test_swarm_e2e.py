@@ -75,6 +75,10 @@ def test_three_nodes_train_with_identical_replicas(spec_path, tmp_path):
             assert st[name]["tokens_merged"] + st[name]["tokens_unmerged"] == st[name]["tokens_trained"], st[name]
             assert st[name]["tokens_merged"] >= 0.5 * st[name]["tokens_trained"], st[name]
             assert st[name]["val_loss_after"] < st[name]["val_loss_before"], st[name]
+        # Every token a member heard merged was counted by the reducer that merged it (reducers also count members
+        # that never heard back, none here unless a member's last round outlived its reducer).
+        reduced, merged = (sum(st[n][k] for n in paths) for k in ("tokens_reduced", "tokens_merged"))
+        assert merged > 0 and reduced >= merged, (reduced, merged)
         # Routed validation loss of the swarm (mean over the three paths) falls by at least 25 %.
         before = sum(st[n]["val_loss_before"] for n in paths) / 3
         after = sum(st[n]["val_loss_after"] for n in paths) / 3
