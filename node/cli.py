@@ -354,8 +354,8 @@ def node_id(identity: str | None) -> None:
               help="Train the very same loop with networking switched off (a baseline for benchmarks).")
 @click.option("--sync-rounds", is_flag=True,
               help="Benchmark baseline: every round waits for every node that ever held the module (a dead one "
-                   "until it returns or the round times out) and training waits for the round, as synchronous "
-                   "data-parallel training does.")
+                   "until it returns or the round times out), training waits for the round, and a round in which "
+                   "a member dies fails for all, who redo its steps, as synchronous data-parallel training does.")
 @click.option("--max-tokens-per-s", type=float, default=0.0, show_default=True,
               help="Cap this node's training speed (0: no cap), e.g. to keep a shared machine responsive.")
 @friendly

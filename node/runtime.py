@@ -84,8 +84,8 @@ class NodeConfig:
     """This node's membership certificate (private swarms), already checked against the identity."""
     sync_rounds: bool = False
     """Synchronous baseline for benchmarks/chaos.py: every round waits for every holder ever seen (dead ones
-    until they return or timeout_s passes) and training waits for the round, as data-parallel training does
-    (no grace window, no overlap)."""
+    until they return or timeout_s passes), training waits for the round (no grace window, no overlap), and a
+    round in which a member dies fails for everyone, whose steps are thrown away, as data-parallel training does."""
     max_tokens_per_s: float = 0.0
     """Cap on training speed (0: none): a volunteer sharing the machine keeps it responsive, and
     benchmarks/chaos.py makes each node's speed independent of how many others share the CPU."""
