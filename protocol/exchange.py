@@ -246,6 +246,10 @@ class ModuleExchange:
             return RoundResult(module, round_, "out_of_sync", reason="state before the round differs")
         key = (module, round_)
         open_round = self._open.get(key)
+        if open_round is not None and digest != open_round.digest_before:
+            # Our own state changed (a re-sync) after the round opened: merging outer gradients taken from two
+            # different states would leave the members with different replicas under one round.
+            return RoundResult(module, round_, "out_of_sync", reason="state before the round differs from the group's")
         if open_round is None:
             quorum = 1 << 30 if self.sync_world else self.spec.averaging.min_group  # sync: all of them
             target = max(1, min(quorum, self.expected_holders.get(module, 1)))

@@ -209,6 +209,29 @@ def test_sync_round_fails_for_everyone_when_a_member_dies_and_the_retry_opens_an
     assert {r.status for r in retry} == {"merged"} and retry[0].contributors == ["p0", "p1", "p2"]
 
 
+def test_an_open_round_takes_only_contributions_from_the_state_it_opened_with():
+    # Regression: each contribution was checked against the reducer's state *now*; a reducer that re-synced
+    # mid-round then merged outer gradients of two different states, and members diverged under one round.
+    spec = SwarmSpec(averaging=AveragingSpec(min_group=8, grace_s=0.5, timeout_s=3.0))
+
+    async def go():
+        before = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+        resynced = OuterState.fresh(torch.linspace(-2, 2, NUMEL))
+        states = {"now": LocalState(0, before.digest(), before.anchor, before.momentum)}
+        ex = ModuleExchange(spec, None, "reducer", {"L0M0": NUMEL}, lambda m: states["now"], post_state)
+        ex.expected_holders["L0M0"] = 3
+        f = frames(2)
+        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, before.digest(), f[0]))
+        await asyncio.sleep(0.1)
+        states["now"] = LocalState(0, resynced.digest(), resynced.anchor, resynced.momentum)
+        other = await ex.reduce("L0M0", 0, "p1", 10, resynced.digest(), f[1])
+        return await first, other
+
+    first, other = asyncio.run(go())
+    assert other.status == "out_of_sync"
+    assert first.status == "alone" and first.contributors == ["p0"]
+
+
 def test_a_late_member_is_late_however_many_rounds_other_modules_closed():
     # Regression: closed results were pruned in (module, round) order across modules, so a busy module
     # ("shared") evicted every result of the others and their late members were told out_of_sync.
