@@ -107,10 +107,16 @@ def test_late_join_sigkill_and_sigterm(spec_path, tmp_path):
         round_at_join = swarm.status("a")["module_rounds"]["L0M0"]
         swarm.start_node("c", path="0.0", seed=2)
         swarm.wait_ready("c")
-        c = wait_until(lambda: (s := swarm.status("c")) and s.get("round", 0) >= 2 and s, 120, "node c's rounds")
+        a_id = swarm.status("a")["peer_id"]
+
+        def merged_with_a():
+            # Its first rounds may close before a's contribution arrives (a is then late and shifts its phase).
+            s = swarm.status("c")
+            return s and s.get("round", 0) >= 2 and any(a_id in m and s["peer_id"] in m
+                                                         for m in s["groups"].get("L0M0", {}).values()) and s
+
+        c = wait_until(merged_with_a, 120, "node c to merge a round of L0M0 with a")
         assert min(int(r) for r in c["history"]["L0M0"]) > round_at_join  # started from the synced round
-        a = swarm.status("a")
-        assert any(a["peer_id"] in m and c["peer_id"] in m for m in c["groups"]["L0M0"].values())
         # `swarm status` reads the same picture from the DHT records the nodes publish.
         status_json = tmp_path / "status.json"
         proc = subprocess.run([sys.executable, "-m", "pathswarm", "swarm", "status", "--swarm", str(spec_path),
@@ -120,7 +126,7 @@ def test_late_join_sigkill_and_sigterm(spec_path, tmp_path):
         view = json.loads(status_json.read_text())
         assert view["totals"]["nodes"] == 3
         by_path = {p["path"]: p for p in view["paths"]}
-        assert sorted(by_path["0.0"]["nodes"]) == sorted([a["peer_id"], c["peer_id"]])
+        assert sorted(by_path["0.0"]["nodes"]) == sorted([a_id, c["peer_id"]])
         assert by_path["1.0"]["nodes"] == [swarm.status("b")["peer_id"]]
         assert by_path["0.1"]["nodes"] == [] and view["totals"]["paths_served"] == 2
         modules = {m["module"]: m for m in view["modules"]}
