@@ -12,11 +12,11 @@ the round is done, and when a member dies during a round (its claim lapses, or i
 process) the round fails for everyone, who throw its steps away and redo it with the restarted member
 (an elastic job restarts every rank from the last good state; `tokens_discarded` counts those steps).
 
-The fault plan is seeded and the same for both faulty arms: at random moments (exponential gaps,
-mean --mean-gap-s swarm-wide) a random running node is SIGKILLed (also mid-round and mid-checkpoint,
-as the moments are random) and restarted --restart-after-s later from its checkpoint directory with
-the same identity, or (--stall-fraction of the events) its whole process group is frozen with SIGSTOP
-for --stall-s and then continued.
+The fault plan is seeded and the same for both faulty arms: at random moments (one in each window of
+--mean-gap-s swarm-wide, or exponential gaps with --plan poisson) a random running node is SIGKILLed
+(also mid-round and mid-checkpoint, as the moments are random) and restarted --restart-after-s later
+from its checkpoint directory with the same identity, or (--stall-fraction of the events) its whole
+process group is frozen with SIGSTOP for --stall-s and then continued.
 
 Goodput = tokens that ended up in the model (the tokens of the shared module's rounds that merged or
 were applied alone, including steps carried over from a late or failed round, as counted by the
@@ -132,9 +132,6 @@ class Arm:
         # result, cannot count those tokens itself (its members' own count is `tokens_merged_members`).
         return self.total("tokens_reduced")
 
-    def trained(self) -> int:
-        return self.total("tokens_trained")
-
     def end_incarnation(self, n: str) -> None:
         self.incarnations.append({"node": n, "wait_max_s": float(self.last[n].get("wait_max_s", 0.0)),
                                   "stalled": n in self.stalled_now})
@@ -173,8 +170,7 @@ class Arm:
             t0 = time.monotonic()
             self.poll(0.0)
             # counted from here: nodes that became ready first may already have merged a round or two
-            offset_merged, offset_trained = self.merged(), self.trained()
-            offset_discarded, offset_members = self.total("tokens_discarded"), self.total("tokens_merged")
+            offsets = {c: self.total(c) for c in COUNTERS}
             pending = list(self.plan)
             restarts: list[tuple[float, str]] = []
             stalls: list[tuple[float, str]] = []
@@ -206,9 +202,9 @@ class Arm:
             for _, n in stalls:
                 _signal_group(self.swarm.nodes[n].pid, signal.SIGCONT)
             self.poll(time.monotonic() - t0)
-            merged, trained = self.merged() - offset_merged, self.trained() - offset_trained
-            merged_members = self.total("tokens_merged") - offset_members
-            discarded = self.total("tokens_discarded") - offset_discarded
+            counted = {c: self.total(c) - offsets[c] for c in COUNTERS}
+            merged, trained = counted["tokens_reduced"], counted["tokens_trained"]
+            merged_members, discarded = counted["tokens_merged"], counted["tokens_discarded"]
             # trained but not merged yet when time ran out (carried to a round that did not happen in time)
             unmerged = sum(int(self.last[n].get("tokens_unmerged", 0)) for n in self.nodes)
             for n in self.nodes:

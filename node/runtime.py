@@ -100,8 +100,6 @@ class _InFlight:
     """Tokens behind this outer gradient (this round's, plus any carried from rounds that did not merge)."""
     reducer: str
     """Who reduces the round: the peer to re-sync from if it answers that the group is ahead."""
-    digest: str
-    """Digest of our module state when we sent: the state the round's mean must be applied to."""
 
 
 @dataclass
@@ -496,9 +494,9 @@ class Node:
             frame = self.worker.encode_pseudo_grad(mid)
             reducer = self.reducers[mid]
             timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
-            sent, digest = tokens + self.carry.pop(mid, 0), st.digest()
-            fut = self.net.submit(self.exchange.contribute(reducer, mid, st.round, sent, digest, frame, timeout))
-            self.in_flight[mid] = _InFlight(fut, local, feedback_before, sent, reducer, digest)
+            sent = tokens + self.carry.pop(mid, 0)
+            fut = self.net.submit(self.exchange.contribute(reducer, mid, st.round, sent, st.digest(), frame, timeout))
+            self.in_flight[mid] = _InFlight(fut, local, feedback_before, sent, reducer)
         self.worker.end_round()
 
     def _poll_timed(self, timeout_s: float | None = None) -> None:
@@ -512,7 +510,9 @@ class Node:
                 self._poll(block=True, timeout_s=1.0, abandon=False)
                 if self.in_flight:
                     self._refresh_holders_safe()
-        self._poll(block=True, timeout_s=timeout_s, abandon=False)
+            self._poll(block=False, abandon=False)  # settles nothing new; completes the round if it is done
+        else:
+            self._poll(block=True, timeout_s=timeout_s, abandon=False)
         self.status.wait_max_s = max(self.status.wait_max_s, round(time.monotonic() - t0, 3))
 
     def _poll(self, block: bool, timeout_s: float | None = None, abandon: bool = True) -> None:
@@ -551,9 +551,6 @@ class Node:
                      len(result.contributors), result.reason)
         self.status.history.setdefault(mid, {})
         avg = None
-        if result.applicable and result.round == st.round and st.digest() != item.digest:
-            # Our state was replaced (a re-sync) while the round was open: the mean belongs to another state.
-            result = RoundResult(mid, result.round, "failed", reason="our state changed while the round was open")
         if result.applicable and result.round == st.round:
             try:  # the mean comes from a peer: untrusted bytes
                 avg = decode(result.mean_frame, max_elements=st.anchor.numel()).reshape(-1)
@@ -565,11 +562,12 @@ class Node:
         if avg is not None:
             old_anchor = st.anchor.clone()
             st.apply(avg, self.spec.outer)
-            diverged = bool(result.digest_after) and st.digest() != result.digest_after
+            after = st.digest()
+            diverged = bool(result.digest_after) and after != result.digest_after
             if diverged:
                 # Our replica is not the group's: the re-sync replaces it, and the history does not record it.
                 logger.error("module %s round %d: digest %s != group's %s; re-syncing", mid, result.round,
-                             st.digest(), result.digest_after)
+                             after, result.digest_after)
                 self.status.digest_mismatches += 1
                 self._resync_later(mid, item.reducer)
             base = item.local_when_sent if result.status in ("merged", "alone") else old_anchor
@@ -584,7 +582,7 @@ class Node:
                     self.status.tokens_merged += item.tokens
             self._publish_local(mid)
             if not diverged:
-                self.status.history[mid][str(st.round)] = st.digest()
+                self.status.history[mid][str(st.round)] = after
                 self.status.groups.setdefault(mid, {})[str(st.round)] = list(result.contributors)
             return
         self.worker.feedback[mid].load_state_dict(item.feedback_before)

@@ -47,6 +47,7 @@ RESULTS_KEPT = 4  # closed rounds a reducer remembers for late members
 MAX_TOKENS = 1 << 53  # most tokens one contribution may count (exact in a float; no round trains so many)
 UNREACHABLE = "reducer unreachable"  # reason prefix of a round that failed at the connection level
 RANK_LOST = "a member left the world"  # sync baseline: reason prefix of a round failed because a member died
+MAX_ROUND = 1 << 62  # rounds are int64 everywhere (records.MAX_COUNT); state_digest packs them in 8 bytes
 
 
 def rank_lost(world: dict[str, int], live: dict[str, int]) -> str:
@@ -57,7 +58,6 @@ def rank_lost(world: dict[str, int], live: dict[str, int]) -> str:
         if peer not in live or live[peer] < round_:
             return peer
     return ""
-MAX_ROUND = 1 << 62  # rounds are int64 everywhere (records.MAX_COUNT); state_digest packs them in 8 bytes
 
 
 @dataclass(frozen=True)

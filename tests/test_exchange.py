@@ -139,13 +139,18 @@ def test_framing_round_trip_and_bounds():
     asyncio.run(go())
 
 
+def sync_exchange(spec: SwarmSpec, peer_id: str) -> tuple[LocalState, ModuleExchange]:
+    """An offline exchange in sync-baseline mode holding one fresh module L0M0."""
+    st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+    mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
+    return mine, ModuleExchange(spec, None, peer_id, {"L0M0": NUMEL}, lambda m: mine, post_state, sync_world=True)
+
+
 def test_sync_world_round_waits_past_the_grace_window_for_every_expected_member():
     spec = SwarmSpec(averaging=AveragingSpec(min_group=2, grace_s=0.2, timeout_s=3.0))
 
     async def go():
-        st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
-        mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
-        ex = ModuleExchange(spec, None, "reducer", {"L0M0": NUMEL}, lambda m: mine, post_state, sync_world=True)
+        mine, ex = sync_exchange(spec, "reducer")
         ex.expected_holders["L0M0"] = 3  # the job's world: min_group does not cap it in sync mode
         f = frames(3)
         t0 = asyncio.get_running_loop().time()
@@ -182,9 +187,7 @@ def test_sync_round_fails_for_everyone_when_a_member_dies_and_the_retry_opens_an
     spec = SwarmSpec(averaging=AveragingSpec(min_group=2, grace_s=0.2, timeout_s=5.0))
 
     async def go():
-        st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
-        mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
-        ex = ModuleExchange(spec, None, "p0", {"L0M0": NUMEL}, lambda m: mine, post_state, sync_world=True)
+        mine, ex = sync_exchange(spec, "p0")
         ex.expected_holders["L0M0"] = 3
         ex.live_holders["L0M0"] = {"p0": 2, "p1": 2, "p2": 2}
         f = frames(3)
