@@ -39,7 +39,15 @@ from pathswarm.protocol.aggregate import merge
 from pathswarm.protocol.membership import Gate, MembershipError
 from pathswarm.protocol.ratelimit import RateLimiter
 from pathswarm.protocol.spec import SwarmSpec
-from pathswarm.protocol.wire import Traffic, WireError, field_of, read_message, write_message
+from pathswarm.protocol.wire import (
+    MAX_HEADER_BYTES,
+    Traffic,
+    WireError,
+    discard_rest,
+    field_of,
+    read_message,
+    write_message,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +55,7 @@ RESULTS_KEPT = 4  # closed rounds a reducer remembers for late members
 MAX_TOKENS = 1 << 53  # most tokens one contribution may count (exact in a float; no round trains so many)
 UNREACHABLE = "reducer unreachable"  # reason prefix of a round that failed at the connection level
 RANK_LOST = "a member left the world"  # sync baseline: reason prefix of a round failed because a member died
+REFUSAL_DRAIN_S = 3.0  # how long a refused request's remaining bytes are read and dropped before closing
 MAX_ROUND = 1 << 62  # rounds are int64 everywhere (records.MAX_COUNT); state_digest packs them in 8 bytes
 
 
@@ -173,10 +182,10 @@ class ModuleExchange:
     async def _on_contribute(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sender = info.peer_id.to_base58()
         try:
-            if not await self._within_rate("contribute", sender, writer):
+            if not await self._within_rate("contribute", sender, reader, writer):
                 return
             header, _ = await read_message(reader, 0, self.traffic)
-            if not await self._admit(header, sender, writer):
+            if not await self._admit(header, sender, reader, writer):
                 return
             module = field_of(header, "module", str)
             if module not in self.numels:
@@ -191,7 +200,15 @@ class ModuleExchange:
         finally:
             writer.close()
 
-    async def _within_rate(self, kind: str, sender: str, writer: asyncio.StreamWriter) -> bool:
+    async def _refuse(self, reason: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Tell the peer why, then drop the rest of its request (a frame may follow) so that closing the
+        stream does not reset it before the peer has read the reason."""
+        await write_message(writer, {"status": "refused", "reason": reason[:200]}, b"", self.traffic)
+        await discard_rest(reader, MAX_HEADER_BYTES + max(map(self._frame_limit, self.numels), default=0) + 64,
+                           REFUSAL_DRAIN_S)
+
+    async def _within_rate(self, kind: str, sender: str, reader: asyncio.StreamReader,
+                           writer: asyncio.StreamWriter) -> bool:
         """Refuse a request of a peer that exceeded its budget for this kind (before reading anything)."""
         limiter = self.limits[kind]
         if limiter.allow(sender):
@@ -199,17 +216,18 @@ class ModuleExchange:
         if limiter.should_log(sender):
             logger.warning("peer %s floods %s requests: refusing them (%d refused so far)", sender, kind,
                            limiter.refused)
-        await write_message(writer, {"status": "refused", "reason": "rate limited"}, b"", self.traffic)
+        await self._refuse("rate limited", reader, writer)
         return False
 
-    async def _admit(self, header: dict, sender: str, writer: asyncio.StreamWriter) -> bool:
+    async def _admit(self, header: dict, sender: str, reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter) -> bool:
         """Check the requester's membership (private swarms); refuse and log it when it has none valid."""
         try:
             self.gate.check(header.get("membership") if isinstance(header.get("membership"), str) else None, sender)
             return True
         except MembershipError as e:
             logger.warning("refused peer %s: %s", sender, e)
-            await write_message(writer, {"status": "refused", "reason": str(e)[:200]}, b"", self.traffic)
+            await self._refuse(str(e), reader, writer)
             return False
 
     async def _send_result(self, writer: asyncio.StreamWriter, r: RoundResult) -> None:
@@ -371,10 +389,10 @@ class ModuleExchange:
     # ---- state download ----------------------------------------------------------------------
     async def _on_state(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            if not await self._within_rate("state", info.peer_id.to_base58(), writer):
+            if not await self._within_rate("state", info.peer_id.to_base58(), reader, writer):
                 return
             header, _ = await read_message(reader, 0, self.traffic)
-            if not await self._admit(header, info.peer_id.to_base58(), writer):
+            if not await self._admit(header, info.peer_id.to_base58(), reader, writer):
                 return
             module = field_of(header, "module", str)
             # the newest state we know: after the rounds we closed, even before our own loop applied them

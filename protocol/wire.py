@@ -84,6 +84,22 @@ async def read_message(reader: asyncio.StreamReader, max_payload: int,
     return header, payload
 
 
+async def discard_rest(reader: asyncio.StreamReader, max_bytes: int, timeout_s: float) -> None:
+    """Read and drop what the peer still sends, until it closes, `max_bytes` or `timeout_s`.
+
+    A handler that refuses a request before reading all of it must call this before closing: closing a
+    stream with unread bytes resets it, and the reset can destroy the refusal we just wrote before the
+    peer reads it (the peer then sees "connection closed" instead of the reason)."""
+    async def drain() -> None:
+        left = max_bytes
+        while left > 0 and (chunk := await reader.read(min(left, 1 << 16))):
+            left -= len(chunk)
+    try:
+        await asyncio.wait_for(drain(), timeout_s)
+    except (TimeoutError, ConnectionError, OSError):
+        pass
+
+
 def field_of(header: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
     """A header field of the expected type, else WireError (bool is not an int here)."""
     value = header.get(name)

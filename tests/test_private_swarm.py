@@ -25,6 +25,7 @@ from pathswarm.protocol.exchange import ModuleExchange
 from pathswarm.protocol.identity import default_owner_key
 from pathswarm.protocol.membership import Ed25519PrivateKey, issue, public_key_text, save_owner_key
 from pathswarm.protocol.netloop import NetLoop
+from pathswarm.protocol.ratelimit import RateLimiter
 from pathswarm.protocol.records import PathClaim, claims_key, record_to_wire
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, MembershipSpec
 
@@ -79,8 +80,10 @@ class Outsider:
     def fetch_state(self, member: str, membership: str):
         return self.net.run(self.exchange(membership).fetch_state(member, "shared", 15), 30)
 
-    def contribute(self, member: str, membership: str):
-        frame = encode(torch.full((count_module_params(self.spec)["shared"],), 1e3))
+    def contribute(self, member: str, membership: str, noisy: bool = False):
+        numel = count_module_params(self.spec)["shared"]
+        # noisy: a frame of random values does not compress, so most of it is still unread when we are refused
+        frame = encode(torch.randn(numel) if noisy else torch.full((numel,), 1e3))
         return self.net.run(self.exchange(membership).contribute(member, "shared", 1, 10**9, "0" * 64, frame, 15), 30)
 
     def close(self):
@@ -111,6 +114,32 @@ def invite(spec_path, identity, tmp_path, name: str) -> tuple[str, str]:
     proc = cli("swarm", "invite", "--swarm", str(spec_path), "--peer-id", peer_id, "--expires", "1d", "-o", str(cert))
     assert proc.returncode == 0 and "may join swarm 'private-test'" in proc.stdout, proc.stderr
     return peer_id, cert.read_text().strip()
+
+
+def test_every_refusal_reaches_the_refused_peer(private):
+    """A member refuses an outsider's contribution after reading only its header, with the frame still on
+    the wire. Closing a stream with unread bytes resets it, which used to destroy the refusal before the
+    outsider read it (CI saw "connection closed" instead of "refused" about once in 15 requests)."""
+    spec, _, _ = private
+    member = hivemind.DHT(start=True, **LOOPBACK_ONLY)
+    net = NetLoop("member")
+    p2p = net.run(member.replicate_p2p(), 30)
+    served = ModuleExchange(spec, p2p, member.peer_id.to_base58(), count_module_params(spec), lambda m: None,
+                            lambda st, avg: st)
+    served.limits["contribute"] = RateLimiter(rate=1e-3, burst=32)  # no refill during the test: exact counts
+    net.run(served.start(), 30)
+    outsider = Outsider(spec, str(member.get_visible_maddrs()[0]))
+    try:
+        # 40 > the contribute burst of 32: the last ones are refused by the rate limit, before any read.
+        reasons = [outsider.contribute(member.peer_id.to_base58(), "", noisy=True).reason for _ in range(40)]
+        states = [outsider.fetch_state(member.peer_id.to_base58(), "") for _ in range(5)]
+    finally:
+        outsider.close()
+        net.stop()
+        member.shutdown()
+    assert all(r.startswith("refused: no membership certificate") for r in reasons[:32]), reasons
+    assert all(r.startswith("refused") for r in reasons), reasons
+    assert served.limits["contribute"].refused == 8 and states == [None] * 5
 
 
 def test_outsiders_cannot_write_join_or_download_and_members_train_on(private, tmp_path):
