@@ -22,7 +22,6 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
-from sklearn.cluster import KMeans
 
 from pathswarm.node.data import Document
 from pathswarm.protocol.spec import RouterSpec, SwarmSpec
@@ -88,6 +87,8 @@ def fit_router(docs: Sequence[Document], router: RouterSpec, n_paths: int) -> Ro
     if len(np.unique(x, axis=0)) < n_paths:
         raise ValueError(f"the {len(docs)} documents have fewer than {n_paths} distinct feature vectors: "
                          f"too few distinct documents to fit {n_paths} paths")
+    from sklearn.cluster import KMeans  # here, not at the top: importing sklearn costs a node ~3 s at start
+
     km = KMeans(n_clusters=n_paths, random_state=router.seed, n_init=10).fit(x)
     centroids = np.round(km.cluster_centers_, CENTROID_DECIMALS)
     sizes = np.bincount(_nearest(x, centroids), minlength=n_paths)

@@ -166,6 +166,7 @@ class Node:
         # peer → monotonic time until which we do not pick it as a reducer: it failed a round of ours at the
         # connection level (killed, restarting, frozen). Its claim may stay in the DHT for claim_ttl_s.
         self.unreachable: dict[str, float] = {}
+        self._checkpoint = None  # None: not read yet; False: none usable (see _load_checkpoint)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -186,11 +187,14 @@ class Node:
         device = self._device()
         logger.info("training on %s", device)
         spec = self.spec
+        clock = _PhaseClock()
         docs = load_documents(DataSpec(corpus="dir", path=self.cfg.data_dir) if self.cfg.data_dir else spec.data)
         train, val = split(docs, spec.data.val_fraction)
+        clock.lap("data")
         offline = self.cfg.offline
         if not offline:
             self.sdht = _start_dht_or_explain(self.cfg, spec)
+            clock.lap("dht")
         self.net = NetLoop()
         if self.handle_signals:
             # After the DHT process is forked: it must keep the default SIGTERM, or it would outlive us.
@@ -199,12 +203,18 @@ class Node:
             self.status.peer_id = "offline" if offline else self.sdht.peer_id
             if offline:
                 path = spec.path_of_index(0) if self.cfg.path == "auto" else parse_path(self.cfg.path, spec)
+            elif self.cfg.path == "auto" and (resumed := self._checkpoint_path()) is not None:
+                # A restarted node takes its path back without the settling wait: its checkpoint holds that
+                # path's modules, and its claim lapsed only moments ago (no other node is likely to have moved in).
+                path = resumed
             else:
                 path = self._choose_path()
                 if self.cfg.path == "auto":
                     path = self._settle_path(path)
             self.status.path = format_path(path)
+            clock.lap("path")
             mine = self._routed(train, path)
+            clock.lap("routing")
             sampler = TokenSampler(mine, spec.model.context_len, seed=self.cfg.seed)
             self.worker = PathWorker(spec, path, lambda: sampler.sample(spec.inner.batch_size),
                                      name=self.status.peer_id, device=device)
@@ -226,11 +236,15 @@ class Node:
             else:
                 self._claim()
                 self._wait_for_peers()
+            clock.lap("model+claim")
             self._initial_sync()
+            clock.lap("sync")
             val_docs = self._routed(val, path, allow_empty=True) or val
             self.val_batches = list(TokenSampler(val_docs, spec.model.context_len, seed=0)
                                     .eval_batches(spec.inner.batch_size, self.cfg.eval_batches))
             self.status.val_loss_before = evaluate_loss(self.worker.model, self.val_batches)[0]
+            clock.lap("eval")
+            logger.info("ready %s", clock)
             self._write_ready()
             if not offline:
                 self.heartbeat = threading.Thread(target=self._heartbeat, name="pathswarm-heartbeat", daemon=True)
@@ -263,6 +277,27 @@ class Node:
         return mine
 
     # ---- path and claims ---------------------------------------------------------------------
+    def _load_checkpoint(self):
+        """Our checkpoint, validated against the spec, or None (loaded once: the path choice and the sync use it)."""
+        if not self.cfg.checkpoint_dir:
+            return None
+        if self._checkpoint is None:
+            try:
+                self._checkpoint = load_checkpoint(self.cfg.checkpoint_dir, self.spec)
+            except CheckpointError as e:
+                logger.info("no usable checkpoint (%s)", e)
+                self._checkpoint = False
+        return self._checkpoint or None
+
+    def _checkpoint_path(self) -> tuple[int, ...] | None:
+        """The path whose modules our checkpoint holds, if it holds exactly one path's."""
+        ckpt = self._load_checkpoint()
+        if ckpt is None:
+            return None
+        held = set(ckpt.modules)
+        return next((p for i in range(self.spec.n_paths) if set(self.spec.module_ids(p := self.spec.path_of_index(i)))
+                     == held), None)
+
     def _choose_path(self) -> tuple[int, ...]:
         from hivemind.utils import get_dht_time
 
@@ -378,13 +413,13 @@ class Node:
         """Newest state of every module: from a peer, else our checkpoint, else the seed init."""
         from pathswarm.protocol.dht import read_module_holders
 
-        ckpt = None
-        if self.cfg.checkpoint_dir:
-            try:
-                ckpt = load_checkpoint(self.cfg.checkpoint_dir, self.spec, self.worker.module_ids)
-                self.status.checkpoint_round = ckpt.round
-            except CheckpointError as e:
-                logger.info("no usable checkpoint (%s)", e)
+        ckpt = self._load_checkpoint()
+        if ckpt is not None and not set(self.worker.module_ids) <= set(ckpt.modules):
+            logger.info("the checkpoint holds another path's modules (%s); not resuming from it",
+                        ", ".join(sorted(ckpt.modules)))
+            ckpt = None
+        if ckpt is not None:
+            self.status.checkpoint_round = ckpt.round
         for mid in self.worker.module_ids:
             source = "seed"
             if ckpt is not None:
@@ -613,7 +648,7 @@ class Node:
     def _round_complete(self) -> None:
         self._round_dirty = False
         self.status.round += 1
-        if self.status.round == 1:
+        if self.status.round == 1 and not self.cfg.offline:
             self._claim_safe()  # our claim now says we have trained a round: we may reduce
         self.status.bytes_sent, self.status.bytes_received = self.traffic.sent, self.traffic.received
         for mid, peer in list(self.exchange.behind.items()):
@@ -700,6 +735,23 @@ class Node:
 
 class NodeError(ValueError):
     """A node cannot start for a reason the user can fix; the message says what to check."""
+
+
+class _PhaseClock:
+    """Wall time of each start-up phase, logged once: a restart's downtime is what this adds up to."""
+
+    def __init__(self):
+        self.t0 = self.last = time.perf_counter()
+        self.laps: list[tuple[str, float]] = []
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps.append((name, now - self.last))
+        self.last = now
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{name} {s:.1f} s" for name, s in self.laps)
+        return f"in {self.last - self.t0:.1f} s ({parts})"
 
 
 def _start_dht_or_explain(cfg: NodeConfig, spec: SwarmSpec):

@@ -1,11 +1,13 @@
 """The modular muP transformer: composition by module id, identical init across peers, muP coordinate check."""
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from pathswarm.node.inner import make_inner_optimizer
+from pathswarm.node.inner import make_inner_optimizer, set_warmup_lr
 from pathswarm.node.model import build_path, count_module_params, new_module, path_param_count
 from pathswarm.protocol.spec import InnerOptSpec, ModelSpec, SwarmSpec
 
@@ -82,6 +84,48 @@ def test_mup_learning_rates_per_group():
             assert ids <= hidden and g["lr"] == pytest.approx(1e-2 / 4)
         else:
             assert g["lr"] == pytest.approx(1e-2)
+
+
+def test_our_adamw_takes_the_same_steps_as_torch_adamw():
+    spec = small(width=64, base_width=32)  # muP: two learning rates, and decay on matrices only
+    ours_model, torch_model = build_path(spec, (0, 1)), build_path(spec, (0, 1))
+    cfg = InnerOptSpec(lr=3e-3, weight_decay=0.1, beta1=0.8, beta2=0.95)
+    ours = make_inner_optimizer(ours_model, cfg)
+    names = {id(p): n for n, p in ours_model.named_parameters()}
+    twins = dict(torch_model.named_parameters())
+    reference = torch.optim.AdamW([{"params": [twins[names[id(p)]] for p in g["params"]], "lr": g["lr"],
+                                    "base_lr": g["base_lr"], "weight_decay": g["weight_decay"]}
+                                   for g in ours.param_groups], betas=(0.8, 0.95))
+    gen = torch.Generator().manual_seed(0)
+    for step in range(12):
+        x = torch.randint(0, 256, (4, 17), generator=gen)
+        for model, opt in ((ours_model, ours), (torch_model, reference)):
+            set_warmup_lr(opt, step, warmup_steps=5)  # the learning rate changes between steps
+            _, loss = model(x[:, :-1], x[:, 1:])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    moved = 0.0
+    for (name, p), q in zip(ours_model.named_parameters(), torch_model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=name)
+        moved = max(moved, (p - build_path(spec, (0, 1)).get_parameter(name)).abs().max().item())
+    assert moved > 1e-3  # the models did train
+
+
+def test_a_node_training_step_imports_neither_dynamo_nor_sklearn():
+    """Both cost ~3 s of CPU each at every node start (a restart's downtime, every test subprocess)."""
+    code = ("import sys, torch\n"
+            "from pathswarm.node import runtime, router\n"
+            "from pathswarm.node.worker import PathWorker\n"
+            "from pathswarm.protocol.spec import SwarmSpec, ModelSpec\n"
+            "spec = SwarmSpec(model=ModelSpec(width=32, base_width=32, n_heads=2, context_len=16))\n"
+            "x = torch.randint(0, 256, (2, 17))\n"
+            "w = PathWorker(spec, spec.path_of_index(0), lambda: (x[:, :-1], x[:, 1:]))\n"
+            "w.train_inner(2)\n"
+            "print(sorted(m for m in ('torch._dynamo', 'sklearn') if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
 
 
 def _coordinate_sizes(parametrization: str, width: int, seed: int, steps: int = 4) -> dict[str, float]:
