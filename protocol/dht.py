@@ -25,7 +25,10 @@ import hashlib
 import logging
 import os
 import re
+import signal
 import tempfile
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -171,6 +174,42 @@ class SwarmDHT:
         self.shutdown()
 
 
+PARENT_POLL_S = 0.5  # how often the DHT process checks that the process that started it is alive
+
+
+class ParentBoundDHT(hivemind.DHT):
+    """hivemind's DHT process, which also ends, with its p2pd, when the process that started it dies.
+
+    hivemind forks the DHT into a child that runs p2pd. A node killed with SIGKILL (or by the OOM
+    killer) never shuts that child down: it stayed up for good, answering DHT requests as the dead
+    node, and p2pd kept its peer id online, so peers chose a corpse as reducer and got "protocols not
+    supported", and a restart with the same identity ran next to its own ghost."""
+
+    def run(self) -> None:  # runs in the forked child
+        parent = os.getppid()
+        threading.Thread(target=self._exit_with_parent, args=(parent,), name="pathswarm-parent-watch",
+                         daemon=True).start()
+        super().run()
+
+    def _exit_with_parent(self, parent: int) -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        node = getattr(self, "_node", None)
+        daemon = getattr(getattr(node, "p2p", None), "_child", None)  # hivemind's p2pd process (asyncio)
+        if daemon is not None and daemon.returncode is None:
+            try:
+                os.kill(daemon.pid, signal.SIGTERM)
+                for _ in range(20):
+                    if os.waitpid(daemon.pid, os.WNOHANG)[0]:
+                        break
+                    time.sleep(0.1)
+                else:
+                    os.kill(daemon.pid, signal.SIGKILL)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        os._exit(0)
+
+
 def start_dht(
     initial_peers: Sequence[str] = (),
     host_maddrs: Sequence[str] | None = None,
@@ -200,7 +239,7 @@ def start_dht(
         validators: list[RecordValidatorBase] = [RSASignatureValidator(private_key)]
         if spec is not None:
             validators.append(SwarmRecordValidator(spec))
-        dht = hivemind.DHT(
+        dht = ParentBoundDHT(
             initial_peers=list(initial_peers),
             start=True,
             record_validators=validators,

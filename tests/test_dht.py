@@ -5,8 +5,13 @@ running without validators), expired claims vanish. Run it under `unshare -n` (w
 up`) to prove no address outside loopback is needed.
 """
 
+import contextlib
 import dataclasses
 import logging
+import os
+import signal
+import subprocess
+import sys
 import time
 import types
 
@@ -212,3 +217,37 @@ def test_module_announcements_and_metrics_round_trip(peers):
                           bytes_sent=1 << 20, bytes_received=1 << 21)
     assert publish_metrics(b, SPEC, metrics, ttl_s=20)
     assert read_metrics(a, SPEC) == [metrics]
+
+
+def _running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie (a container's init may never reap an orphan)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads process trees from Linux's /proc")
+def test_a_killed_node_takes_its_dht_process_and_p2pd_with_it():
+    """SIGKILL gives the node no chance to shut its DHT down: the DHT process must notice by itself."""
+    code = ("import time\n"
+            "from pathswarm.protocol.dht import start_dht\n"
+            "d = start_dht()\n"
+            "print(d.dht.pid, flush=True)\n"
+            "time.sleep(60)\n")
+    node = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        dht_pid = int(node.stdout.readline())
+        with open(f"/proc/{dht_pid}/task/{dht_pid}/children") as f:
+            daemons = [int(p) for p in f.read().split()]
+        assert daemons and all("p2pd" in open(f"/proc/{p}/cmdline").read() for p in daemons)
+        node.kill()
+        node.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(map(_running, [dht_pid, *daemons])):
+            time.sleep(0.1)
+        assert not any(map(_running, [dht_pid, *daemons])), "the DHT process or p2pd outlived its node"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, signal.SIGKILL)
