@@ -372,13 +372,13 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
     pathswarm node run --swarm public                          # join the public swarm
     pathswarm node run --join ID --initial-peer ADDR --membership member.cert   # a private swarm
     """
-    from pathswarm.node.joining import resolve_identity, resolve_swarm
-    from pathswarm.node.runtime import Node, NodeConfig
-
-    if max_rounds < 0:
+    if max_rounds < 0:  # checked before the imports below (torch, hivemind: seconds): a typo fails at once
         raise click.BadParameter("must be >= 0", param_hint="--max-rounds")
     if not max_tokens_per_s >= 0 or max_tokens_per_s == float("inf"):
         raise click.BadParameter("must be a finite number >= 0", param_hint="--max-tokens-per-s")
+    from pathswarm.node.joining import resolve_identity, resolve_swarm
+    from pathswarm.node.runtime import Node, NodeConfig
+
     spec, initial_peers = resolve_swarm(spec_path, join_id, tuple(initial_peers))
     identity_path, membership = resolve_identity(identity, membership_file, spec)
     cfg = NodeConfig(spec=spec, initial_peers=tuple(initial_peers), path=path,
