@@ -52,7 +52,7 @@ from _swarm_common import machine, write_json
 
 from pathswarm.node.checkpoint import CheckpointError, load_checkpoint
 from pathswarm.node.data import load_documents
-from pathswarm.node.local_swarm import LocalSwarm, read_json, replicas_identical
+from pathswarm.node.local_swarm import LocalSwarm, replicas_identical
 from pathswarm.node.swarm_init import init_spec
 from pathswarm.protocol.spec import AveragingSpec, DataSpec, InnerOptSpec, ModelSpec, SwarmSpec
 
@@ -136,6 +136,13 @@ class Arm:
         self.incarnations.append({"node": n, "wait_max_s": float(self.last[n].get("wait_max_s", 0.0)),
                                   "stalled": n in self.stalled_now})
         self.stalled_now.discard(n)
+        # The incarnation ending here began at the node's latest restart: record where that one resumed (read
+        # at the end, a node restarted twice showed its last incarnation's checkpoint for both restarts).
+        began = [r for r in self.resumes if r["node"] == n and "checkpoint_round" not in r]
+        if began:
+            st = self.last[n]
+            began[-1].update(checkpoint_round=st.get("checkpoint_round"), round_now=st.get("module_rounds", {}),
+                             state=st.get("state"))
 
     def poll(self, t: float) -> None:
         for n in self.nodes:
@@ -209,12 +216,7 @@ class Arm:
             unmerged = sum(int(self.last[n].get("tokens_unmerged", 0)) for n in self.nodes)
             for n in self.nodes:
                 self.end_incarnation(n)
-            # Settle: restarted nodes report where they resumed; then everyone leaves cleanly.
-            for r in self.resumes:
-                st = read_json(self.swarm.node_files(r["node"])["status.json"]) or {}
-                r.update(checkpoint_round=st.get("checkpoint_round"), round_now=st.get("module_rounds", {}),
-                         state=st.get("state"))
-            for n in self.nodes:
+            for n in self.nodes:  # everyone leaves cleanly
                 self.swarm.signal(n, signal.SIGTERM)
             codes = self.swarm.wait_nodes(self.nodes, timeout_s=120)
             finals = [self.swarm.status(n) or {} for n in self.nodes]
