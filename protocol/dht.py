@@ -186,6 +186,10 @@ class ParentBoundDHT(hivemind.DHT):
     supported", and a restart with the same identity ran next to its own ghost."""
 
     def run(self) -> None:  # runs in the forked child
+        # A parent that installed a Python SIGTERM handler before forking us (the bootstrap peer did) would
+        # leave us a copy that only sets the parent's stop flag: SIGTERM then could not stop this process, and
+        # the parent's exit blocked on joining it. Our stop is the default one.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         parent = os.getppid()
         threading.Thread(target=self._exit_with_parent, args=(parent,), name="pathswarm-parent-watch",
                          daemon=True).start()

@@ -1,6 +1,7 @@
 """The bootstrap peer keeps its identity (mode 0600) and so its multiaddr across restarts."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +36,10 @@ def test_restart_keeps_the_multiaddr(tmp_path):
                                                          str(identity), "--host-maddr", f"/ip4/127.0.0.1/tcp/{port}",
                                                          "--ready-file", str(ready)])
             maddrs.append(swarm._wait_file(ready, swarm.bootstrap, "bootstrap", 60)["maddrs"])
+            # Stopped as systemd or a terminal's Ctrl-C stops it: the signal reaches the whole process group,
+            # DHT process and p2pd included. It used to hang (the DHT process ignored SIGTERM) until SIGKILLed.
+            os.killpg(swarm.bootstrap.pid, signal.SIGTERM)
+            assert swarm.bootstrap.wait(8) == 0
         finally:
             swarm.close()
     assert maddrs[0] == maddrs[1] and f"/tcp/{port}/p2p/" in maddrs[0][0]
