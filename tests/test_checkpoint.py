@@ -121,3 +121,18 @@ def test_sigkill_while_writing_leaves_a_complete_round(tmp_path, delay_s):
     assert ckpt.round >= 2
     r = ckpt.round
     assert all(torch.equal(st.momentum, torch.full_like(st.momentum, float(r))) for st in ckpt.modules.values())
+
+
+def test_a_resuming_node_takes_back_the_path_its_checkpoint_holds(tmp_path):
+    """A restarted node with path 'auto' claims its checkpoint's path at once (no settling wait), and a
+    checkpoint of another swarm or of no single path gives no path."""
+    from pathswarm.node.runtime import Node, NodeConfig
+
+    save_checkpoint(tmp_path / "mine", SPEC, 4, states(SPEC, 4))
+    assert Node(NodeConfig(spec=SPEC, checkpoint_dir=str(tmp_path / "mine")))._checkpoint_path() == (0, 1)
+    other = SPEC.replace(name="another swarm")
+    assert Node(NodeConfig(spec=other, checkpoint_dir=str(tmp_path / "mine")))._checkpoint_path() is None
+    assert Node(NodeConfig(spec=SPEC, checkpoint_dir=str(tmp_path / "none")))._checkpoint_path() is None
+    partial = {mid: st for mid, st in states(SPEC, 2).items() if mid != "shared"}
+    save_checkpoint(tmp_path / "partial", SPEC, 2, partial)
+    assert Node(NodeConfig(spec=SPEC, checkpoint_dir=str(tmp_path / "partial")))._checkpoint_path() is None
