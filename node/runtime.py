@@ -295,8 +295,8 @@ class Node:
         if ckpt is None:
             return None
         held = set(ckpt.modules)
-        return next((p for i in range(self.spec.n_paths) if set(self.spec.module_ids(p := self.spec.path_of_index(i)))
-                     == held), None)
+        paths = (self.spec.path_of_index(i) for i in range(self.spec.n_paths))
+        return next((p for p in paths if set(self.spec.module_ids(p)) == held), None)
 
     def _choose_path(self) -> tuple[int, ...]:
         from hivemind.utils import get_dht_time
