@@ -182,8 +182,8 @@ class ParentBoundDHT(hivemind.DHT):
 
     hivemind forks the DHT into a child that runs p2pd. A node killed with SIGKILL (or by the OOM
     killer) never shuts that child down: it stayed up for good, answering DHT requests as the dead
-    node, and p2pd kept its peer id online, so peers chose a corpse as reducer and got "protocols not
-    supported", and a restart with the same identity ran next to its own ghost."""
+    node, and p2pd kept its peer id online: peers could still choose the dead node as reducer, and a
+    restart with the same identity ran next to its own ghost."""
 
     def run(self) -> None:  # runs in the forked child
         # A parent that installed a Python SIGTERM handler before forking us (the bootstrap peer did) would
