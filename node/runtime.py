@@ -197,7 +197,7 @@ class Node:
             clock.lap("dht")
         self.net = NetLoop()
         if self.handle_signals:
-            # After the DHT process is forked: it must keep the default SIGTERM, or it would outlive us.
+            # After the DHT process is forked, so it does not inherit our handler (ParentBoundDHT also resets it).
             self.install_signal_handlers()
         try:
             self.status.peer_id = "offline" if offline else self.sdht.peer_id
