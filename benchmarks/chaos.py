@@ -134,7 +134,8 @@ class Arm:
 
     def end_incarnation(self, n: str) -> None:
         self.incarnations.append({"node": n, "wait_max_s": float(self.last[n].get("wait_max_s", 0.0)),
-                                  "stalled": n in self.stalled_now})
+                                  "stalled": n in self.stalled_now,
+                                  "round_work_s": self.last[n].get("round_work_s", {})})
         self.stalled_now.discard(n)
         # The incarnation ending here began at the node's latest restart: record where that one resumed (read
         # at the end, a node restarted twice showed its last incarnation's checkpoint for both restarts).
@@ -238,7 +239,18 @@ class Arm:
                 "replicas_identical": identical, "digests_compared": compared,
                 "final_module_rounds": {n: f.get("module_rounds") for n, f in zip(self.nodes, finals, strict=True)},
                 # the longest a node that was never frozen itself stood still waiting for a round to settle
-                "max_survivor_wait_s": max(waits, default=0.0), "incarnations": self.incarnations}
+                "max_survivor_wait_s": max(waits, default=0.0),
+                # training time every node's training loop spent on round work instead of steps, summed by kind
+                "round_work_s": _sum_by_kind(i["round_work_s"] for i in self.incarnations),
+                "incarnations": self.incarnations}
+
+
+def _sum_by_kind(dicts) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for d in dicts:
+        for kind, s in d.items():
+            total[kind] = round(total.get(kind, 0.0) + float(s), 2)
+    return total
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -329,7 +341,8 @@ def main() -> None:
                           sync=mode == "sync", plan=plan if faults else [])
                 arms.append(arm.run())
                 print(json.dumps({k: arms[-1][k] for k in ("arm", "tokens_merged", "pace_held", "replicas_identical",
-                                                           "max_survivor_wait_s", "checkpoints_unreadable")}),
+                                                           "max_survivor_wait_s", "checkpoints_unreadable",
+                                                           "round_work_s")}),
                       flush=True)
     by = {a["arm"]: a for a in arms}
     goodput = {m: by[f"{m}, faults"]["tokens_merged"] / max(1, by[f"{m}, no faults"]["tokens_merged"])

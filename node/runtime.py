@@ -19,6 +19,7 @@ last complete round, withdraw the claim, exit 0.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -146,6 +147,10 @@ class NodeStatus:
     """Round of the checkpoint the node resumed from at start (-1: none)."""
     wait_max_s: float = 0.0
     """Longest time the training loop stood still waiting for a round to settle (decoupled: ≈ grace_s at most)."""
+    round_work_s: dict[str, float] = field(default_factory=dict)
+    """Seconds the training loop spent on round work instead of inner steps, by kind (settle: waiting for the
+    previous round; claims: reading who holds the modules; send: encoding outer gradients; checkpoint;
+    announce: DHT records; status: the status file). Their sum is the round's cost in training time."""
     state: str = "starting"
 
 
@@ -167,6 +172,12 @@ class Node:
         # connection level (killed, restarting, frozen). Its claim may stay in the DHT for claim_ttl_s.
         self.unreachable: dict[str, float] = {}
         self._checkpoint = None  # None: not read yet; False: none usable (see _load_checkpoint)
+        self._nested_work_s = 0.0  # see _round_work
+        self.chores = None  # the DHT chores thread (node/background.py), started with training
+        # The last claims read (holders, seasoned, live rounds per module) and the state derived from it (holders,
+        # reducers, unreachable): written by the chores thread and by the training thread, so under this lock.
+        self._view_lock = threading.Lock()
+        self._view: tuple[dict, dict, dict] | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -247,6 +258,9 @@ class Node:
             logger.info("ready %s", clock)
             self._write_ready()
             if not offline:
+                from pathswarm.node.background import Chores
+
+                self.chores = Chores()
                 self.heartbeat = threading.Thread(target=self._heartbeat, name="pathswarm-heartbeat", daemon=True)
                 self.heartbeat.start()
             self.status.state = "training"
@@ -345,23 +359,42 @@ class Node:
         self._refresh_holders()
 
     def _refresh_holders(self) -> None:
+        """Read the claims from the DHT (blocking: seconds if a peer just died) and derive holders and reducers."""
         from pathswarm.protocol.dht import read_claims
 
         claims = read_claims(self.sdht, self.spec)
         me = self.sdht.peer_id
-        holders: dict[str, set[str]] = {mid: {me} for mid in self.worker.module_ids}
+        holders: dict[str, set[str]] = {mid: set() for mid in self.worker.module_ids}
         # Reducer candidates: holders that have completed a round. A node that just joined (its claim
         # says round 0) is not chosen until it has trained a round with the group: otherwise it could
         # reduce a round while still downloading state, and split the group in two.
-        seasoned: dict[str, set[str]] = {mid: ({me} if self.status.round > 0 else set()) for mid in holders}
-        live: dict[str, dict[str, int]] = {mid: {me: self.status.round} for mid in holders}
+        seasoned: dict[str, set[str]] = {mid: set() for mid in holders}
+        live: dict[str, dict[str, int]] = {mid: {} for mid in holders}
         for c in claims:
+            if c.peer_id == me:
+                continue  # our own claim may be older than our round: we add ourselves as we are now
             for mid in self.spec.module_ids(tuple(c.path)):
                 if mid in holders:
                     holders[mid].add(c.peer_id)
                     live[mid][c.peer_id] = c.round
                     if c.round > 0:
                         seasoned[mid].add(c.peer_id)
+        with self._view_lock:
+            self._view = (holders, seasoned, live)
+            self._apply_view()
+
+    def _choose_reducers(self) -> None:
+        """Re-derive the reducers from the last claims read, with the peers that failed us since skipped."""
+        with self._view_lock:
+            if self._view is not None:
+                self._apply_view()
+
+    def _apply_view(self) -> None:
+        """Holders, reducers and expected group sizes from self._view (held: self._view_lock; no DHT access)."""
+        me = self.status.peer_id
+        holders = {mid: peers | {me} for mid, peers in self._view[0].items()}
+        seasoned = {mid: peers | ({me} if self.status.round > 0 else set()) for mid, peers in self._view[1].items()}
+        live = {mid: {**peers, me: self.status.round} for mid, peers in self._view[2].items()}
         self.holders = {mid: sorted(peers) for mid, peers in holders.items()}
         now = time.monotonic()
         self.unreachable = {p: until for p, until in self.unreachable.items() if until > now}
@@ -396,9 +429,10 @@ class Node:
             logger.warning("could not renew the claim: %s", e)
 
     def _heartbeat(self) -> None:
+        # A timer only: the renewal runs on the chores thread, so no two DHT writes of our claim race.
         period = max(1.0, self.spec.averaging.claim_ttl_s / 3)
         while not self.stop_event.wait(period):
-            self._claim_safe()
+            self.chores.submit("claim", self._claim_safe)
 
     # ---- state sync --------------------------------------------------------------------------
     def _publish_local(self, mid: str) -> None:
@@ -474,10 +508,14 @@ class Node:
                 self.status.inner_step = self.worker.inner_step
                 self.status.loss = losses[-1]
                 if self.worker.inner_step % 10 == 0:
-                    self._write_status()
+                    with self._round_work("status"):
+                        self._write_status()
                 self._poll(block=False)
                 if self.stop_event.is_set():
                     break
+                if self.chores is not None and not self.cfg.sync_rounds and (H // 2 if self.catch_up else H) - i == 3:
+                    # Two steps before the send: read the claims now, off this thread, so the send finds them fresh.
+                    self.chores.submit("claims", self._refresh_holders_safe)
                 if self.catch_up and i + 1 >= H // 2:
                     # Our last round came late: a shorter chunk moves our next send earlier, back into the group's
                     # window (a node whose phase drifted, or a slower one, would otherwise stay late every round).
@@ -493,14 +531,20 @@ class Node:
             # Round r-1 must settle before round r is sent. It normally settled while we trained; if its reducer
             # is frozen or slow, a decoupled node stands still for the grace window at most, then trains on: the
             # next outer gradient carries these steps too (sync mode waits, as data-parallel training does).
-            self._poll_timed(None if self.cfg.sync_rounds else spec.averaging.grace_s)
+            with self._round_work("settle"):
+                self._poll_timed(None if self.cfg.sync_rounds else spec.averaging.grace_s)
             if self.stop_event.is_set():
                 break
             if self.in_flight:
                 logger.info("previous round still open after %.0f s: training on", spec.averaging.grace_s)
                 continue
-            self._refresh_holders_safe()
-            self._send_round()
+            with self._round_work("claims"):
+                if self.cfg.sync_rounds:
+                    self._refresh_holders_safe()  # data-parallel: the world is read where the round starts
+                else:
+                    self._choose_reducers()  # from the claims read two steps ago: no DHT access here
+            with self._round_work("send"):
+                self._send_round()
             rounds_sent += 1
             if self.cfg.sync_rounds:
                 self._poll_timed()  # data-parallel: nobody trains on until the round is done
@@ -508,6 +552,20 @@ class Node:
                 self._poll(block=True)
                 break
         self._poll(block=True, timeout_s=spec.averaging.grace_s)
+
+    @contextlib.contextmanager
+    def _round_work(self, kind: str):
+        """Count the wall time of a piece of round work done by the training thread (status.round_work_s)."""
+        # Work nested inside other work (a round completing while we wait for it) counts once, as its own kind.
+        t0, nested_before = time.perf_counter(), self._nested_work_s
+        self._nested_work_s = 0.0
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - t0
+            work = self.status.round_work_s
+            work[kind] = round(work.get(kind, 0.0) + spent - self._nested_work_s, 3)
+            self._nested_work_s = nested_before + spent
 
     def _refresh_holders_safe(self) -> None:
         if self.cfg.offline:
@@ -629,7 +687,8 @@ class Node:
         else:
             self.carry[mid] = self.carry.get(mid, 0) + item.tokens  # nothing applied: our steps stay local
         if result.reason.startswith(UNREACHABLE) and item.reducer != self.status.peer_id:
-            self.unreachable[item.reducer] = time.monotonic() + self.spec.averaging.claim_ttl_s
+            with self._view_lock:
+                self.unreachable[item.reducer] = time.monotonic() + self.spec.averaging.claim_ttl_s
         self.status.rounds_failed += 1
         logger.warning("module %s round %d: %s (%s)", mid, st.round, result.status, result.reason)
         if result.status == "out_of_sync":
@@ -648,16 +707,19 @@ class Node:
     def _round_complete(self) -> None:
         self._round_dirty = False
         self.status.round += 1
-        if self.status.round == 1 and not self.cfg.offline:
-            self._claim_safe()  # our claim now says we have trained a round: we may reduce
+        if self.status.round == 1 and self.chores is not None:
+            self.chores.submit("claim", self._claim_safe)  # our claim now says we have trained a round: we may reduce
         self.status.bytes_sent, self.status.bytes_received = self.traffic.sent, self.traffic.received
         for mid, peer in list(self.exchange.behind.items()):
             self.resync_from[mid] = peer
             self.exchange.behind.pop(mid, None)
-        self._save()
+        with self._round_work("checkpoint"):
+            self._save()
         if not self.cfg.offline:
-            self._announce()
-        self._write_status()
+            with self._round_work("announce"):
+                self._announce()
+        with self._round_work("status"):
+            self._write_status()
         logger.info("round %d: loss %.4f, %.0f tok/s, group %d, sent %d B, received %d B", self.status.round,
                     self.status.loss, self.status.tokens_per_s, self.status.last_group, self.status.bytes_sent,
                     self.status.bytes_received)
@@ -670,22 +732,33 @@ class Node:
                             {mid: self.worker.module_state(mid) for mid in self.worker.module_ids})
 
     def _announce(self) -> None:
-        from pathswarm.protocol.dht import announce_module, publish_metrics
+        """Module announcements and metrics as of now; the DHT stores run on the chores thread."""
         from pathswarm.protocol.records import MAX_HISTORY, ModuleAnnouncement, NodeMetrics
+
+        # Built here, from a consistent state: the training thread changes the modules between rounds.
+        announcements = [ModuleAnnouncement(module_id=mid, round=st.round, digest=st.digest(),
+                                            peer_id=self.sdht.peer_id, numel=st.anchor.numel())
+                         for mid, st in ((mid, self.worker.outer[mid]) for mid in self.worker.module_ids)]
+        metrics = NodeMetrics(
+            path=self.worker.path, peer_id=self.sdht.peer_id, round=self.status.round,
+            loss=max(0.0, self.status.loss), tokens_per_s=self.status.tokens_per_s,
+            bytes_sent=self.status.bytes_sent, bytes_received=self.status.bytes_received,
+            history=tuple((r, max(0.0, min(loss, 1e6))) for r, loss in self.status.loss_history[-MAX_HISTORY:]
+                          if loss == loss))
+        job = lambda: self._publish_records(announcements, metrics)  # noqa: E731
+        if self.chores is None:
+            job()
+        else:
+            self.chores.submit("announce", job)
+
+    def _publish_records(self, announcements: list, metrics) -> None:
+        from pathswarm.protocol.dht import announce_module, publish_metrics
 
         ttl = self.spec.averaging.claim_ttl_s * 4
         try:
-            for mid in self.worker.module_ids:
-                st = self.worker.outer[mid]
-                announce_module(self.sdht, self.spec, ModuleAnnouncement(
-                    module_id=mid, round=st.round, digest=st.digest(), peer_id=self.sdht.peer_id,
-                    numel=st.anchor.numel()), ttl)
-            publish_metrics(self.sdht, self.spec, NodeMetrics(
-                path=self.worker.path, peer_id=self.sdht.peer_id, round=self.status.round,
-                loss=max(0.0, self.status.loss), tokens_per_s=self.status.tokens_per_s,
-                bytes_sent=self.status.bytes_sent, bytes_received=self.status.bytes_received,
-                history=tuple((r, max(0.0, min(loss, 1e6))) for r, loss in self.status.loss_history[-MAX_HISTORY:]
-                              if loss == loss)), ttl)
+            for ann in announcements:
+                announce_module(self.sdht, self.spec, ann, ttl)
+            publish_metrics(self.sdht, self.spec, metrics, ttl)
             self._announce_spec_server()
         except Exception as e:  # announcements are advisory; training goes on
             logger.warning("could not announce: %s", e)
@@ -720,6 +793,11 @@ class Node:
         self.stop_event.set()
         if hasattr(self, "heartbeat"):
             self.heartbeat.join(timeout=10)
+        if self.chores is not None:
+            # The last round's announcement goes out (bounded: a store can wait seconds on a dead peer).
+            if not (self.chores.wait_idle(timeout_s=5) and self.chores.close(timeout_s=1)):
+                self.chores.close(timeout_s=0)
+                logger.warning("a DHT chore is still running; leaving without it")
         try:
             if hasattr(self, "claim"):
                 withdraw_claim(self.sdht, self.spec, self.claim)
