@@ -72,7 +72,7 @@ def make_spec(directory: Path, args) -> tuple[SwarmSpec, Path]:
 
 
 # status counters summed over every incarnation of a node
-COUNTERS = ("tokens_merged", "tokens_trained", "tokens_discarded", "tokens_reduced")
+COUNTERS = ("tokens_merged", "tokens_trained", "tokens_discarded", "tokens_reduced", "tokens_resumed")
 
 
 def fault_plan(seed: int, seconds: float, nodes: int, mean_gap_s: float, stall_fraction: float,
@@ -230,6 +230,8 @@ class Arm:
                 "tokens_unmerged_at_end": unmerged,
                 # sync only: steps thrown away because a member died during their round (data-parallel redoes them)
                 "tokens_discarded": discarded,
+                # decoupled only: tokens of rounds in progress that restarted nodes took over from their saved state
+                "tokens_resumed": counted["tokens_resumed"],
                 # tokens trained ÷ what the cap allows: ≈ 1 means the CPU kept up, so speeds are cap-bound
                 "pace_held": round(trained / (a.nodes * a.max_tokens_per_s * a.seconds), 3) if a.max_tokens_per_s
                 else None,

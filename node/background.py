@@ -1,10 +1,10 @@
-"""The node's DHT chores (announcing module states and metrics, reading who holds the modules), run off the
-training thread.
+"""The node's DHT chores (announcing module states and metrics, renewing its claim), run off the training thread.
 
-A hivemind store or read that meets a dead or frozen peer waits for that peer's RPC timeout: seconds, in
-a swarm where nodes die all the time. Measured in the chaos benchmark before this thread existed, a node's
-training loop spent ~4 % of its time on announcements alone, and reading claims took ~3 s whenever a peer
-had just died. Training must not wait for either, so the training thread only hands the work over.
+A hivemind store that meets a dead or frozen peer waits for that peer's RPC timeout: seconds, in a swarm
+where nodes die all the time. Measured in the chaos benchmark before this thread existed, a node's training
+loop spent ~4 % of its time on announcements alone. Training must not wait for advisory records, so the
+training thread only hands them over. (Reading the claims stays on the training thread, bounded in time:
+the reducer of a round must be picked from a view read when the round is sent, see Node._send_round.)
 
 Jobs are named; a job handed over while an older one of the same name is still queued replaces it (the
 newest announcement is the only one worth sending). One thread runs them in order of first submission.

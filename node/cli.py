@@ -358,12 +358,16 @@ def node_id(identity: str | None) -> None:
                    "a member dies fails for all, who redo its steps, as synchronous data-parallel training does.")
 @click.option("--max-tokens-per-s", type=float, default=0.0, show_default=True,
               help="Cap this node's training speed (0: no cap), e.g. to keep a shared machine responsive.")
+@click.option("--save-partial-s", type=float, default=2.0, show_default=True,
+              help="With --checkpoint-dir, save the round in progress this often (at most; saving never takes "
+                   "over 2%% of training time), so a crash or a stop loses seconds of training, not the round. "
+                   "0: never.")
 @friendly
 def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], membership_file: str | None,
              identity: str | None, path: str, device: str, data_dir: str | None,
              host_maddrs: tuple[str, ...], checkpoint_dir: str | None, ready_file: str | None,
              status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int,
-             offline: bool, sync_rounds: bool, max_tokens_per_s: float) -> None:
+             offline: bool, sync_rounds: bool, max_tokens_per_s: float, save_partial_s: float) -> None:
     """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly).
 
     \b
@@ -374,8 +378,9 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
     """
     if max_rounds < 0:  # checked before the imports below (torch, hivemind: seconds): a typo fails at once
         raise click.BadParameter("must be >= 0", param_hint="--max-rounds")
-    if not max_tokens_per_s >= 0 or max_tokens_per_s == float("inf"):
-        raise click.BadParameter("must be a finite number >= 0", param_hint="--max-tokens-per-s")
+    for value, hint in ((max_tokens_per_s, "--max-tokens-per-s"), (save_partial_s, "--save-partial-s")):
+        if not value >= 0 or value == float("inf"):
+            raise click.BadParameter("must be a finite number >= 0", param_hint=hint)
     from pathswarm.node.joining import resolve_identity, resolve_swarm
     from pathswarm.node.runtime import Node, NodeConfig
 
@@ -387,7 +392,7 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
                      checkpoint_dir=checkpoint_dir or "", ready_file=ready_file or "",
                      status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
                      wait_peers=wait_peers, offline=offline, sync_rounds=sync_rounds,
-                     max_tokens_per_s=max_tokens_per_s)
+                     max_tokens_per_s=max_tokens_per_s, partial_every_s=save_partial_s)
     n = Node(cfg, handle_signals=True)
     try:
         if sys.stderr.isatty():

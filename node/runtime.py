@@ -90,6 +90,10 @@ class NodeConfig:
     max_tokens_per_s: float = 0.0
     """Cap on training speed (0: none): a volunteer sharing the machine keeps it responsive, and
     benchmarks/chaos.py makes each node's speed independent of how many others share the CPU."""
+    partial_every_s: float = 2.0
+    """Save the round in progress (node/partial_round.py) this often at most, and never spend more than
+    1/PARTIAL_COST_SHARE of training time on it (0: never; needs checkpoint_dir): a crash then loses seconds of
+    training, not the round."""
 
 
 @dataclass
@@ -122,6 +126,9 @@ class NodeStatus:
     that entered the model, counted once, including those of members that died before hearing the result)."""
     digest_mismatches: int = 0
     """Rounds after which our replica of a module differed from the group's (then re-synced from the reducer)."""
+    tokens_resumed: int = 0
+    """Tokens of a round in progress that a previous run of this node saved and this one took over (their steps
+    were trained before the restart: tokens_trained counts this round's share of them)."""
     tokens_discarded: int = 0
     """Tokens whose steps were thrown away: only in the sync baseline, when a round failed because a member died
     (a data-parallel job redoes the step from the last good state)."""
@@ -145,6 +152,8 @@ class NodeStatus:
     """module → outer round → digest after that round: replicas must agree on every entry."""
     checkpoint_round: int = -1
     """Round of the checkpoint the node resumed from at start (-1: none)."""
+    claims_read_late: int = 0
+    """Rounds sent with the previous view of the claims because the DHT took over CLAIMS_READ_S to answer."""
     wait_max_s: float = 0.0
     """Longest time the training loop stood still waiting for a round to settle (decoupled: ≈ grace_s at most)."""
     round_work_s: dict[str, float] = field(default_factory=dict)
@@ -178,6 +187,9 @@ class Node:
         # reducers, unreachable): written by the chores thread and by the training thread, so under this lock.
         self._view_lock = threading.Lock()
         self._view: tuple[dict, dict, dict] | None = None
+        self._next_partial = 0.0  # perf_counter time of the next save of the round in progress
+        self._abandoned = False  # a round's fate is unknown: its steps may or may not be in the swarm's anchor
+        self._resumed_steps = 0  # inner steps of the resumed round in progress that the first chunk skips
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -270,6 +282,7 @@ class Node:
             self.status.val_loss_after = evaluate_loss(self.worker.model, self.val_batches)[0]
             self.status.state = "stopped"
             self._save()
+            self._save_partial()  # after the round checkpoint it builds on: a restart resumes this very round
             self._write_status()
             return 0
         finally:
@@ -358,11 +371,12 @@ class Node:
         self.claim = publish_claim(self.sdht, self.spec, claim) or claim
         self._refresh_holders()
 
-    def _refresh_holders(self) -> None:
-        """Read the claims from the DHT (blocking: seconds if a peer just died) and derive holders and reducers."""
+    def _refresh_holders(self, timeout_s: float | None = None) -> None:
+        """Read the claims from the DHT (seconds if a peer just died; TimeoutError past timeout_s) and derive
+        holders and reducers."""
         from pathswarm.protocol.dht import read_claims
 
-        claims = read_claims(self.sdht, self.spec)
+        claims = read_claims(self.sdht, self.spec, timeout_s=timeout_s)
         me = self.sdht.peer_id
         holders: dict[str, set[str]] = {mid: set() for mid in self.worker.module_ids}
         # Reducer candidates: holders that have completed a round. A node that just joined (its claim
@@ -452,21 +466,43 @@ class Node:
             logger.info("the checkpoint holds another path's modules (%s); not resuming from it",
                         ", ".join(sorted(ckpt.modules)))
             ckpt = None
+        resumed = False
         if ckpt is not None:
             self.status.checkpoint_round = ckpt.round
-        for mid in self.worker.module_ids:
-            source = "seed"
-            if ckpt is not None:
+            for mid in self.worker.module_ids:
                 self.worker.restore(mid, ckpt.modules[mid])
-                source = f"checkpoint round {ckpt.modules[mid].round}"
+            resumed = self._resume_partial()
+        for mid in self.worker.module_ids:
+            source = "seed" if ckpt is None else f"checkpoint round {ckpt.modules[mid].round}"
             for ann in ([] if self.cfg.offline else read_module_holders(self.sdht, self.spec, mid)):
                 if ann.peer_id == self.sdht.peer_id or ann.round <= self.worker.outer[mid].round:
                     break
-                if self._download(mid, ann.peer_id):
+                # The round we resumed stays on top of the newer anchor, as after a re-sync.
+                if self._download(mid, ann.peer_id, keep_progress=resumed):
                     source = f"peer {ann.peer_id[-8:]} round {self.worker.outer[mid].round}"
                     break
             self._publish_local(mid)
             logger.info("module %s from %s", mid, source)
+
+    def _resume_partial(self) -> bool:
+        """Take over the round in progress our previous run saved on top of the checkpoint just restored."""
+        from pathswarm.node.partial_round import PartialError, load_partial
+
+        if not self._partial_enabled():
+            return False
+        try:
+            got = load_partial(self.cfg.checkpoint_dir, self.spec, self.worker)
+        except PartialError as e:
+            logger.info("no round in progress to resume (%s)", e)
+            return False
+        self.carry = dict(got.carry)
+        self.status.tokens_trained += got.round_tokens  # trained before the restart, counted by no earlier run
+        self.status.tokens_resumed = got.round_tokens + got.carry.get("shared", 0)
+        self.status.inner_step = got.inner_step
+        self._resumed_steps = got.round_steps
+        logger.info("resumed the round in progress: %d tokens of inner steps, inner step %d",
+                    self.status.tokens_resumed, got.inner_step)
+        return True
 
     def _download(self, mid: str, peer: str, keep_progress: bool = False) -> bool:
         got = self.net.run(self.exchange.fetch_state(peer, mid, self.spec.averaging.timeout_s),
@@ -495,7 +531,9 @@ class Node:
             t0 = time.perf_counter()
             losses: list[float] = []
             chunk_tokens = 0
-            for i in range(H):
+            # A round resumed after a restart (node/partial_round.py) already has some of its steps.
+            first, self._resumed_steps = min(self._resumed_steps, H - 1), 0
+            for i in range(first, H):
                 t_step = time.perf_counter()
                 stats = self.worker.train_inner(1)
                 losses.extend(stats.losses)
@@ -507,15 +545,13 @@ class Node:
                         self.stop_event.wait(ahead)
                 self.status.inner_step = self.worker.inner_step
                 self.status.loss = losses[-1]
+                self._maybe_save_partial()
                 if self.worker.inner_step % 10 == 0:
                     with self._round_work("status"):
                         self._write_status()
                 self._poll(block=False)
                 if self.stop_event.is_set():
                     break
-                if self.chores is not None and not self.cfg.sync_rounds and (H // 2 if self.catch_up else H) - i == 3:
-                    # Two steps before the send: read the claims now, off this thread, so the send finds them fresh.
-                    self.chores.submit("claims", self._refresh_holders_safe)
                 if self.catch_up and i + 1 >= H // 2:
                     # Our last round came late: a shorter chunk moves our next send earlier, back into the group's
                     # window (a node whose phase drifted, or a slower one, would otherwise stay late every round).
@@ -539,10 +575,10 @@ class Node:
                 logger.info("previous round still open after %.0f s: training on", spec.averaging.grace_s)
                 continue
             with self._round_work("claims"):
-                if self.cfg.sync_rounds:
-                    self._refresh_holders_safe()  # data-parallel: the world is read where the round starts
-                else:
-                    self._choose_reducers()  # from the claims read two steps ago: no DHT access here
+                # Read where the round is sent: every member picks the reducer from a view this fresh, so views
+                # agree when membership changes. Decoupled, the read is bounded: a lookup that meets a just-dead
+                # peer waits seconds for it, and then the last view (with failed reducers skipped) serves.
+                self._refresh_holders_safe(None if self.cfg.sync_rounds else CLAIMS_READ_S)
             with self._round_work("send"):
                 self._send_round()
             rounds_sent += 1
@@ -567,11 +603,15 @@ class Node:
             work[kind] = round(work.get(kind, 0.0) + spent - self._nested_work_s, 3)
             self._nested_work_s = nested_before + spent
 
-    def _refresh_holders_safe(self) -> None:
+    def _refresh_holders_safe(self, timeout_s: float | None = None) -> None:
         if self.cfg.offline:
             return
         try:
-            self._refresh_holders()
+            self._refresh_holders(timeout_s)
+        except TimeoutError as e:
+            self.status.claims_read_late += 1
+            logger.debug("claims: %s; the last view serves", e)
+            self._choose_reducers()
         except Exception as e:  # keep the last view; the round still runs
             logger.warning("could not read claims: %s", e)
 
@@ -624,6 +664,7 @@ class Node:
                 continue
             if not item.future.done():
                 logger.warning("round of %s still open at shutdown; abandoned", mid)
+                self._abandoned = True
                 self.in_flight.pop(mid)
                 continue
             self.in_flight.pop(mid)
@@ -715,6 +756,7 @@ class Node:
             self.exchange.behind.pop(mid, None)
         with self._round_work("checkpoint"):
             self._save()
+        self._next_partial = 0.0  # the saved round in progress was made against the old anchors: renew it next step
         if not self.cfg.offline:
             with self._round_work("announce"):
                 self._announce()
@@ -730,6 +772,33 @@ class Node:
             round_ = max(st.round for st in self.worker.outer.values())
             save_checkpoint(self.cfg.checkpoint_dir, self.spec, round_,
                             {mid: self.worker.module_state(mid) for mid in self.worker.module_ids})
+
+    def _partial_enabled(self) -> bool:
+        # The synchronous baseline restarts from the last good state, as a data-parallel job does.
+        return bool(self.cfg.checkpoint_dir and self.cfg.partial_every_s > 0 and not self.cfg.sync_rounds)
+
+    def _maybe_save_partial(self) -> None:
+        if not self._partial_enabled() or time.perf_counter() < self._next_partial:
+            return
+        t0 = time.perf_counter()
+        with self._round_work("partial"):
+            self._save_partial()
+        spent = time.perf_counter() - t0
+        # At most 1/PARTIAL_COST_SHARE of training time: a big model saves less often than a small one.
+        self._next_partial = time.perf_counter() + max(self.cfg.partial_every_s, PARTIAL_COST_SHARE * spent)
+
+    def _save_partial(self) -> None:
+        from pathswarm.node.partial_round import save_partial
+
+        if not self._partial_enabled() or not hasattr(self, "worker") or self._abandoned:
+            return
+        # Steps already sent are not saved: if their round merged, the swarm's anchor holds them already.
+        bases = {mid: self.in_flight[mid].local_when_sent if mid in self.in_flight else self.worker.outer[mid].anchor
+                 for mid in self.worker.module_ids}
+        try:
+            save_partial(self.cfg.checkpoint_dir, self.spec, self.worker, bases, self.carry)
+        except OSError as e:  # a full disk must not stop training; the round checkpoint still stands
+            logger.warning("could not save the round in progress: %s", e)
 
     def _announce(self) -> None:
         """Module announcements and metrics as of now; the DHT stores run on the chores thread."""
@@ -797,7 +866,8 @@ class Node:
             # The last round's announcement goes out (bounded: a store can wait seconds on a dead peer).
             if not (self.chores.wait_idle(timeout_s=5) and self.chores.close(timeout_s=1)):
                 self.chores.close(timeout_s=0)
-                logger.warning("a DHT chore is still running; leaving without it")
+                # Typically the last announcement, meeting peers that are leaving too: advisory, not worth waiting for.
+                logger.info("a DHT store is still running; leaving without it")
         try:
             if hasattr(self, "claim"):
                 withdraw_claim(self.sdht, self.spec, self.claim)
@@ -809,6 +879,13 @@ class Node:
                 self._write_status()  # rounds we closed for others until our network stopped count too
         if hasattr(self, "sdht"):
             self.sdht.shutdown()
+
+
+CLAIMS_READ_S = 1.0
+"""How long a decoupled node waits for the claims when it sends a round, before it uses the last view it read."""
+
+PARTIAL_COST_SHARE = 50
+"""Saving the round in progress may take at most 1/50 of training time (see Node._maybe_save_partial)."""
 
 
 class NodeError(ValueError):

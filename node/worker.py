@@ -40,6 +40,7 @@ class PathWorker:
         self.feedback = {mid: ErrorFeedback() for mid in self.module_ids}
         self.inner_step = 0
         self.round_tokens = 0
+        self.round_steps = 0  # inner steps since the last end_round
 
     # ---- weights as flat vectors, one per module ---------------------------------------------
     def flat(self, mid: str) -> torch.Tensor:
@@ -63,6 +64,7 @@ class PathWorker:
     def train_inner(self, steps: int, on_step: Callable[[int, float], None] | None = None) -> InnerStats:
         stats = train_steps(self.model, self.opt, self.batches, self.spec.inner, steps, self.inner_step, on_step)
         self.inner_step += steps
+        self.round_steps += steps
         self.round_tokens += stats.tokens
         return stats
 
@@ -85,6 +87,7 @@ class PathWorker:
 
     def end_round(self) -> None:
         self.round_tokens = 0
+        self.round_steps = 0
 
     def digest(self, mid: str) -> str:
         return self.outer[mid].digest()

@@ -20,6 +20,7 @@ A bad record costs a log line and is dropped; nothing read from a peer raises.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import hashlib
 import logging
@@ -293,9 +294,16 @@ def _publish(sdht: SwarmDHT, key: str, record: _R, expiration: float) -> bool:
     return ok
 
 
-def _read(sdht: SwarmDHT, spec: SwarmSpec, key: str, model: type[_R]) -> list[_R]:
-    """Every valid record under `key`, one per owner; bad ones are logged and dropped."""
-    found = sdht.dht.get(key, latest=True)
+def _read(sdht: SwarmDHT, spec: SwarmSpec, key: str, model: type[_R], timeout_s: float | None = None) -> list[_R]:
+    """Every valid record under `key`, one per owner; bad ones are logged and dropped. With timeout_s, raises
+    TimeoutError when the DHT has not answered by then (a lookup that meets a dead peer waits for its RPC timeout)."""
+    if timeout_s is None:
+        found = sdht.dht.get(key, latest=True)
+    else:
+        try:
+            found = sdht.dht.get(key, latest=True, return_future=True).result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"the DHT did not answer within {timeout_s:g} s") from None
     if found is None or not isinstance(found.value, dict):
         return []
     records, gate = [], gate_of(spec)
@@ -341,10 +349,13 @@ def withdraw_claim(sdht: SwarmDHT, spec: SwarmSpec, claim: PathClaim) -> bool:
     return _publish(sdht, claims_key(spec.swarm_id), tombstone, max(claim.expires_at, now) + 1e-3)
 
 
-def read_claims(sdht: SwarmDHT, spec: SwarmSpec, now: float | None = None) -> list[PathClaim]:
-    """Live, valid claims of the swarm (expired ones and tombstones dropped), sorted by peer id."""
+def read_claims(sdht: SwarmDHT, spec: SwarmSpec, now: float | None = None,
+                timeout_s: float | None = None) -> list[PathClaim]:
+    """Live, valid claims of the swarm (expired ones and tombstones dropped), sorted by peer id (TimeoutError if
+    the DHT does not answer within timeout_s)."""
+    claims = _read(sdht, spec, claims_key(spec.swarm_id), PathClaim, timeout_s)
     now = get_dht_time() if now is None else now
-    return [c for c in _read(sdht, spec, claims_key(spec.swarm_id), PathClaim) if c.expires_at > now]
+    return [c for c in claims if c.expires_at > now]
 
 
 def announce_module(sdht: SwarmDHT, spec: SwarmSpec, announcement: ModuleAnnouncement, ttl_s: float) -> bool:

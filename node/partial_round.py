@@ -1,0 +1,148 @@
+"""A round in progress, saved every few seconds, so that a crashed or stopped node resumes it.
+
+The round checkpoint (node/checkpoint.py) holds each module's anchor as of its last outer round: a node
+killed mid-round loses every inner step since then, on average half a round of its compute. This file
+holds what the round checkpoint does not:
+  - per module, the local weights, and, while an outer gradient is in flight, the weights it was made
+    from: the node resumes at anchor + (local − sent), keeping only the steps not yet sent. Steps already
+    sent are not kept: if their round merged, the swarm's next anchor holds them; keeping them too would
+    apply them twice. With nothing in flight the local weights come back exactly;
+  - the inner AdamW moments and step counts, and the node's inner step (its warm-up position);
+  - the tokens those steps stand for (this round's, and any carried over from a round that did not merge).
+It names the anchors it was made against (round and digest per module) and is used only on top of those
+same anchors: after a checkpoint of a later round, it is stale and ignored. The node adopts newer state
+from peers afterwards the way a re-sync does, keeping this progress on top of the new anchor.
+
+One file, `PARTIAL.safetensors` in the checkpoint root, replaced atomically (write, rename). No fsync: it
+guards against a killed process, whose written pages the OS still flushes; after a power loss a torn file
+fails its checks and the node starts the round afresh, as it would without this file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from pathswarm.protocol.spec import SwarmSpec, format_path
+
+FILE = "PARTIAL.safetensors"
+FORMAT = "1"
+
+
+@dataclass
+class Resumed:
+    """What `load_partial` put back into the worker; the node adds these tokens to its counts."""
+
+    round_tokens: int
+    """Tokens of the inner steps trained since the last send (not yet counted as trained anywhere)."""
+    round_steps: int
+    """How many inner steps those are: the node's first round after the restart trains only the rest."""
+    carry: dict[str, int]
+    """module → tokens carried over from rounds that did not merge (their steps are in the restored weights)."""
+    inner_step: int
+
+
+def _params(worker) -> list[torch.Tensor]:
+    return [p for g in worker.opt.param_groups for p in g["params"]]
+
+
+def save_partial(root: str | Path, spec: SwarmSpec, worker, bases: dict[str, torch.Tensor],
+                 carry: dict[str, int]) -> Path:
+    """Write the round in progress: per module, the flat local weights, and bases[mid] where that is not the anchor
+    (the weights of the outer gradient in flight); `carry` is the tokens of unmerged steps still in the weights."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    anchors = {}
+    for mid in worker.module_ids:
+        st = worker.outer[mid]
+        tensors[f"local.{mid}"] = worker.flat(mid).contiguous()
+        if not torch.equal(bases[mid], st.anchor):
+            tensors[f"sent.{mid}"] = bases[mid].detach().to("cpu", torch.float32).contiguous().clone()
+        anchors[mid] = [st.round, st.digest()]
+    steps = {}
+    for i, p in enumerate(_params(worker)):
+        st = worker.opt.state.get(p)
+        if st is not None:
+            tensors[f"opt.{i}.exp_avg"] = st["exp_avg"].detach().to("cpu").contiguous().clone()
+            tensors[f"opt.{i}.exp_avg_sq"] = st["exp_avg_sq"].detach().to("cpu").contiguous().clone()
+            steps[str(i)] = int(st["step"])
+    meta = {"format": FORMAT, "swarm_id": spec.swarm_id, "path": format_path(worker.path),
+            "anchors": json.dumps(anchors), "round_tokens": str(int(worker.round_tokens)),
+            "round_steps": str(int(worker.round_steps)),
+            "carry": json.dumps({m: int(n) for m, n in carry.items() if m in worker.module_ids}),
+            "inner_step": str(int(worker.inner_step)), "opt_steps": json.dumps(steps)}
+    final = root / FILE
+    tmp = root / f".{FILE}.tmp-{os.getpid()}"
+    save_file(tensors, str(tmp), metadata=meta)
+    os.replace(tmp, final)
+    return final
+
+
+class PartialError(ValueError):
+    """The saved round cannot be resumed on top of these anchors (the message says why)."""
+
+
+def load_partial(root: str | Path, spec: SwarmSpec, worker) -> Resumed:
+    """Put a saved round in progress back into `worker`, whose anchors must be the ones it was saved against.
+    Raises PartialError (and changes nothing) if there is none, or it does not fit."""
+    path = Path(root) / FILE
+    if not path.is_file():
+        raise PartialError("no round in progress was saved")
+    try:
+        tensors = load_file(str(path))
+        with open(path, "rb") as f:  # safetensors' own header parse, for the metadata
+            n = int.from_bytes(f.read(8), "little")
+            meta = json.loads(f.read(n)).get("__metadata__", {})
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise PartialError(f"unreadable ({e})") from None
+    try:
+        if meta.get("format") != FORMAT or meta.get("swarm_id") != spec.swarm_id:
+            raise PartialError("saved by another swarm or format")
+        if meta.get("path") != format_path(worker.path):
+            raise PartialError(f"saved on path {meta.get('path')}, this node trains {format_path(worker.path)}")
+        anchors = json.loads(meta["anchors"])
+        weights = {}
+        for mid in worker.module_ids:
+            st = worker.outer[mid]
+            if anchors.get(mid) != [st.round, st.digest()]:
+                raise PartialError(f"made against another state of {mid} (a later round was checkpointed)")
+            local, sent = tensors.get(f"local.{mid}"), tensors.get(f"sent.{mid}")
+            n = st.anchor.numel()
+            if any(t is None or t.dtype != torch.float32 or t.numel() != n or not torch.isfinite(t).all()
+                   for t in ((local,) if sent is None else (local, sent))):
+                raise PartialError(f"no usable progress for {mid}")
+            local = local.reshape(-1)
+            weights[mid] = local if sent is None else st.anchor + (local - sent.reshape(-1))
+        steps = {int(i): int(s) for i, s in json.loads(meta["opt_steps"]).items()}
+        moments = {}
+        params = _params(worker)
+        for i, s in steps.items():
+            m, v = tensors.get(f"opt.{i}.exp_avg"), tensors.get(f"opt.{i}.exp_avg_sq")
+            if not 0 <= i < len(params) or m is None or v is None or s < 1 \
+                    or m.shape != params[i].shape or v.shape != params[i].shape:
+                raise PartialError("inner optimizer state does not fit the model")
+            moments[i] = (s, m, v)
+        carry = {m: int(n) for m, n in json.loads(meta["carry"]).items() if m in worker.module_ids}
+        round_tokens, inner_step = int(meta["round_tokens"]), int(meta["inner_step"])
+        round_steps = int(meta["round_steps"])
+        if min(round_tokens, round_steps, inner_step) < 0 or any(n < 0 for n in carry.values()):
+            raise PartialError("negative counts")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, PartialError):
+            raise
+        raise PartialError(f"bad metadata ({e})") from None
+    # Everything checked: only now change the worker.
+    for mid, w in weights.items():
+        worker.set_flat(mid, w)
+    for i, (s, m, v) in moments.items():
+        p = params[i]
+        worker.opt.state[p] = {"step": s, "exp_avg": m.to(p.device, p.dtype), "exp_avg_sq": v.to(p.device, p.dtype)}
+    worker.inner_step, worker.round_tokens, worker.round_steps = inner_step, round_tokens, round_steps
+    return Resumed(round_tokens=round_tokens, round_steps=round_steps, carry=carry, inner_step=inner_step)
