@@ -79,7 +79,7 @@ def save_partial(root: str | Path, spec: SwarmSpec, worker, bases: dict[str, tor
             "carry": json.dumps({m: int(n) for m, n in carry.items() if m in worker.module_ids}),
             "inner_step": str(int(worker.inner_step)), "opt_steps": json.dumps(steps)}
     final = root / FILE
-    tmp = root / f".{FILE}.tmp-{os.getpid()}"
+    tmp = root / f".{FILE}.tmp"  # one name: a write cut short by a kill is overwritten by the next, never piles up
     save_file(tensors, str(tmp), metadata=meta)
     os.replace(tmp, final)
     return final

@@ -583,7 +583,8 @@ class Node:
                 self._send_round()
             rounds_sent += 1
             if self.cfg.sync_rounds:
-                self._poll_timed()  # data-parallel: nobody trains on until the round is done
+                with self._round_work("settle"):
+                    self._poll_timed()  # data-parallel: nobody trains on until the round is done
             if self.cfg.max_rounds and rounds_sent >= self.cfg.max_rounds:
                 self._poll(block=True)
                 break

@@ -32,3 +32,26 @@ def test_bad_cap_is_refused(tmp_path, value):
     proc = cli("node", "run", "--swarm", str(spec), "--offline", "--max-tokens-per-s", value)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr  # click's usage error, before anything starts
     assert "Invalid value for --max-tokens-per-s: must be a finite number >= 0" in proc.stderr
+
+
+def test_round_work_counts_nested_work_once(spec):
+    """status.round_work_s: work done inside other work (a round completing while the loop waits for it) is counted
+    under its own kind only, so the kinds add up to the time the training loop spent off its inner steps."""
+    import time
+
+    from pathswarm.node.runtime import Node, NodeConfig
+
+    node = Node(NodeConfig(spec=spec, offline=True))
+    t0 = time.perf_counter()
+    with node._round_work("settle"):
+        time.sleep(0.05)
+        with node._round_work("checkpoint"):
+            time.sleep(0.1)
+    with node._round_work("settle"):
+        time.sleep(0.05)
+    spent = time.perf_counter() - t0
+    work = node.status.round_work_s
+    assert set(work) == {"settle", "checkpoint"}
+    assert 0.1 <= work["checkpoint"] < 0.1 + 0.05
+    assert 0.1 <= work["settle"] < 0.1 + 0.05  # its own 2 × 50 ms, not the checkpoint's 100 ms
+    assert abs(sum(work.values()) - spent) < 0.01
