@@ -31,12 +31,17 @@ class Chores:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, name: str, job: Callable[[], object]) -> None:
-        """Queue `job` under `name`, replacing a queued job of that name that has not started yet."""
+    def submit(self, name: str, job: Callable[[], object], first: bool = False) -> None:
+        """Queue `job` under `name`, replacing a queued job of that name that has not started yet; `first` puts it
+        ahead of the queued jobs (a claim renewal must not wait behind announcements that meet dead peers)."""
         with self._cv:
             if self._closed:
                 return
-            self._jobs[name] = job
+            if first:
+                self._jobs.pop(name, None)
+                self._jobs = {name: job, **self._jobs}
+            else:
+                self._jobs[name] = job
             self._cv.notify_all()
 
     def wait_idle(self, timeout_s: float) -> bool:

@@ -13,13 +13,15 @@ It names the anchors it was made against (round and digest per module) and is us
 same anchors: after a checkpoint of a later round, it is stale and ignored. The node adopts newer state
 from peers afterwards the way a re-sync does, keeping this progress on top of the new anchor.
 
-One file, `PARTIAL.safetensors` in the checkpoint root, replaced atomically (write, rename). No fsync: it
-guards against a killed process, whose written pages the OS still flushes; after a power loss a torn file
-fails its checks and the node starts the round afresh, as it would without this file.
+One file, `PARTIAL.safetensors` in the checkpoint root, replaced atomically (write, rename), and deleted
+when its steps are sent (Node._send_round). No fsync: it guards against a killed process, whose written
+pages the OS still flushes; after a power loss a torn file fails its sha256 and the node starts the round
+afresh, as it would without this file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -43,6 +45,9 @@ class Resumed:
     """Tokens of the inner steps trained since the last send (not yet counted as trained anywhere)."""
     round_steps: int
     """How many inner steps those are: the node's first round after the restart trains only the rest."""
+    uncounted_tokens: int
+    """Tokens of the chunk being trained when the file was saved: the run that trained them had not added them
+    to its tokens_trained yet, so the resuming run does."""
     carry: dict[str, int]
     """module → tokens carried over from rounds that did not merge (their steps are in the restored weights)."""
     inner_step: int
@@ -52,8 +57,21 @@ def _params(worker) -> list[torch.Tensor]:
     return [p for g in worker.opt.param_groups for p in g["params"]]
 
 
+def discard_partial(root: str | Path) -> None:
+    """Remove the saved round in progress (its steps are being sent: resuming them could apply them twice)."""
+    (Path(root) / FILE).unlink(missing_ok=True)
+
+
+def _digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(tensors[name].contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def save_partial(root: str | Path, spec: SwarmSpec, worker, bases: dict[str, torch.Tensor],
-                 carry: dict[str, int]) -> Path:
+                 carry: dict[str, int], uncounted_tokens: int = 0) -> Path:
     """Write the round in progress: per module, the flat local weights, and bases[mid] where that is not the anchor
     (the weights of the outer gradient in flight); `carry` is the tokens of unmerged steps still in the weights."""
     root = Path(root)
@@ -75,7 +93,8 @@ def save_partial(root: str | Path, spec: SwarmSpec, worker, bases: dict[str, tor
             steps[str(i)] = int(st["step"])
     meta = {"format": FORMAT, "swarm_id": spec.swarm_id, "path": format_path(worker.path),
             "anchors": json.dumps(anchors), "round_tokens": str(int(worker.round_tokens)),
-            "round_steps": str(int(worker.round_steps)),
+            "round_steps": str(int(worker.round_steps)), "uncounted_tokens": str(int(uncounted_tokens)),
+            "sha256": _digest(tensors),
             "carry": json.dumps({m: int(n) for m, n in carry.items() if m in worker.module_ids}),
             "inner_step": str(int(worker.inner_step)), "opt_steps": json.dumps(steps)}
     final = root / FILE
@@ -103,6 +122,8 @@ def load_partial(root: str | Path, spec: SwarmSpec, worker) -> Resumed:
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise PartialError(f"unreadable ({e})") from None
     try:
+        if meta.get("sha256") != _digest(tensors):
+            raise PartialError("its tensors fail their sha256 (a torn write)")
         if meta.get("format") != FORMAT or meta.get("swarm_id") != spec.swarm_id:
             raise PartialError("saved by another swarm or format")
         if meta.get("path") != format_path(worker.path):
@@ -131,8 +152,8 @@ def load_partial(root: str | Path, spec: SwarmSpec, worker) -> Resumed:
             moments[i] = (s, m, v)
         carry = {m: int(n) for m, n in json.loads(meta["carry"]).items() if m in worker.module_ids}
         round_tokens, inner_step = int(meta["round_tokens"]), int(meta["inner_step"])
-        round_steps = int(meta["round_steps"])
-        if min(round_tokens, round_steps, inner_step) < 0 or any(n < 0 for n in carry.values()):
+        round_steps, uncounted = int(meta["round_steps"]), int(meta["uncounted_tokens"])
+        if min(round_tokens, round_steps, inner_step, uncounted) < 0 or any(n < 0 for n in carry.values()):
             raise PartialError("negative counts")
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         if isinstance(e, PartialError):
@@ -145,4 +166,5 @@ def load_partial(root: str | Path, spec: SwarmSpec, worker) -> Resumed:
         p = params[i]
         worker.opt.state[p] = {"step": s, "exp_avg": m.to(p.device, p.dtype), "exp_avg_sq": v.to(p.device, p.dtype)}
     worker.inner_step, worker.round_tokens, worker.round_steps = inner_step, round_tokens, round_steps
-    return Resumed(round_tokens=round_tokens, round_steps=round_steps, carry=carry, inner_step=inner_step)
+    return Resumed(round_tokens=round_tokens, round_steps=round_steps, carry=carry, inner_step=inner_step,
+                   uncounted_tokens=uncounted)

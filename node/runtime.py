@@ -190,6 +190,9 @@ class Node:
         self._next_partial = 0.0  # perf_counter time of the next save of the round in progress
         self._abandoned = False  # a round's fate is unknown: its steps may or may not be in the swarm's anchor
         self._resumed_steps = 0  # inner steps of the resumed round in progress that the first chunk skips
+        self._chunk_tokens = 0  # tokens of the chunk being trained, not yet added to status.tokens_trained
+        self._view_started = 0.0  # monotonic time the installed view of the claims was read from
+        self._claim_lock = threading.Lock()
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -366,16 +369,19 @@ class Node:
         from pathswarm.protocol.dht import publish_claim
         from pathswarm.protocol.records import PathClaim
 
-        claim = PathClaim(path=self.worker.path, peer_id=self.sdht.peer_id, tokens_per_s=self.status.tokens_per_s,
-                          round=self.status.round, expires_at=0.0)
-        self.claim = publish_claim(self.sdht, self.spec, claim) or claim
-        self._refresh_holders()
+        with self._claim_lock:  # the training thread (round 1) and the chores thread: one store at a time, in order
+            claim = PathClaim(path=self.worker.path, peer_id=self.sdht.peer_id, tokens_per_s=self.status.tokens_per_s,
+                              round=self.status.round, expires_at=0.0)
+            self.claim = publish_claim(self.sdht, self.spec, claim) or claim
+        # At start the first view is worth waiting for; a renewal must not hold the chores thread for long.
+        self._refresh_holders(None if self.chores is None else 3 * CLAIMS_READ_S)
 
     def _refresh_holders(self, timeout_s: float | None = None) -> None:
         """Read the claims from the DHT (seconds if a peer just died; TimeoutError past timeout_s) and derive
         holders and reducers."""
         from pathswarm.protocol.dht import read_claims
 
+        started = time.monotonic()
         claims = read_claims(self.sdht, self.spec, timeout_s=timeout_s)
         me = self.sdht.peer_id
         holders: dict[str, set[str]] = {mid: set() for mid in self.worker.module_ids}
@@ -394,7 +400,9 @@ class Node:
                     if c.round > 0:
                         seasoned[mid].add(c.peer_id)
         with self._view_lock:
-            self._view = (holders, seasoned, live)
+            if started < self._view_started:
+                return  # a read that began earlier (and waited on a dead peer) must not replace a fresher view
+            self._view, self._view_started = (holders, seasoned, live), started
             self._apply_view()
 
     def _choose_reducers(self) -> None:
@@ -446,7 +454,7 @@ class Node:
         # A timer only: the renewal runs on the chores thread, so no two DHT writes of our claim race.
         period = max(1.0, self.spec.averaging.claim_ttl_s / 3)
         while not self.stop_event.wait(period):
-            self.chores.submit("claim", self._claim_safe)
+            self.chores.submit("claim", self._claim_safe, first=True)
 
     # ---- state sync --------------------------------------------------------------------------
     def _publish_local(self, mid: str) -> None:
@@ -496,7 +504,7 @@ class Node:
             logger.info("no round in progress to resume (%s)", e)
             return False
         self.carry = dict(got.carry)
-        self.status.tokens_trained += got.round_tokens  # trained before the restart, counted by no earlier run
+        self.status.tokens_trained += got.uncounted_tokens  # trained before the restart, counted by no earlier run
         self.status.tokens_resumed = got.round_tokens + got.carry.get("shared", 0)
         self.status.inner_step = got.inner_step
         self._resumed_steps = got.round_steps
@@ -530,7 +538,7 @@ class Node:
         while not self.stop_event.is_set():
             t0 = time.perf_counter()
             losses: list[float] = []
-            chunk_tokens = 0
+            chunk_tokens = self._chunk_tokens = 0
             # A round resumed after a restart (node/partial_round.py) already has some of its steps.
             first, self._resumed_steps = min(self._resumed_steps, H - 1), 0
             for i in range(first, H):
@@ -538,6 +546,7 @@ class Node:
                 stats = self.worker.train_inner(1)
                 losses.extend(stats.losses)
                 chunk_tokens += stats.tokens
+                self._chunk_tokens = chunk_tokens  # not in tokens_trained yet: a saved round in progress says so
                 if self.cfg.max_tokens_per_s > 0:
                     # Pace every step on its own: time lost to a frozen machine is not made up by running faster.
                     ahead = t_step + stats.tokens / self.cfg.max_tokens_per_s - time.perf_counter()
@@ -563,6 +572,7 @@ class Node:
             # numbered by rounds trained, counted from the round the node started (or resumed) at
             self.status.loss_history.append((first_round + len(self.status.loss_curve), self.status.loss))
             self.status.tokens_trained += chunk_tokens
+            self._chunk_tokens = 0
             self.status.tokens_per_s = chunk_tokens / max(elapsed, 1e-9)
             # Round r-1 must settle before round r is sent. It normally settled while we trained; if its reducer
             # is frozen or slow, a decoupled node stands still for the grace window at most, then trains on: the
@@ -617,6 +627,13 @@ class Node:
             logger.warning("could not read claims: %s", e)
 
     def _send_round(self) -> None:
+        if self._partial_enabled():
+            # The saved round in progress holds the steps we are about to send: if this round merges and we crash
+            # before the next save, resuming it would apply them twice. The next step saves it anew, without them.
+            from pathswarm.node.partial_round import discard_partial
+
+            discard_partial(self.cfg.checkpoint_dir)
+            self._next_partial = 0.0
         tokens = self.worker.round_tokens
         for mid in self.worker.module_ids:
             if mid in self.resync_from:
@@ -750,7 +767,9 @@ class Node:
         self._round_dirty = False
         self.status.round += 1
         if self.status.round == 1 and self.chores is not None:
-            self.chores.submit("claim", self._claim_safe)  # our claim now says we have trained a round: we may reduce
+            # Our claim now says we have trained a round, so we may reduce. Stored before our next send, on this thread
+            # (once per run): peers that read it late would pick another reducer than we do, a split round.
+            self._claim_safe()
         self.status.bytes_sent, self.status.bytes_received = self.traffic.sent, self.traffic.received
         for mid, peer in list(self.exchange.behind.items()):
             self.resync_from[mid] = peer
@@ -797,8 +816,8 @@ class Node:
         bases = {mid: self.in_flight[mid].local_when_sent if mid in self.in_flight else self.worker.outer[mid].anchor
                  for mid in self.worker.module_ids}
         try:
-            save_partial(self.cfg.checkpoint_dir, self.spec, self.worker, bases, self.carry)
-        except OSError as e:  # a full disk must not stop training; the round checkpoint still stands
+            save_partial(self.cfg.checkpoint_dir, self.spec, self.worker, bases, self.carry, self._chunk_tokens)
+        except Exception as e:  # a full disk must not stop training; the round checkpoint still stands
             logger.warning("could not save the round in progress: %s", e)
 
     def _announce(self) -> None:

@@ -3,6 +3,7 @@ when it does not fit; and a real node SIGKILLed mid-round resumes it instead of 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -43,12 +45,13 @@ def test_a_resumed_round_continues_bit_for_bit(tmp_path, spec, synthetic_docs):
         a.apply_outer(mid, a.pseudo_grad(mid))
     a.end_round()
     a.train_inner(3)
-    save_partial(tmp_path, spec, a, _anchors(a), carry={"shared": 7})
+    save_partial(tmp_path, spec, a, _anchors(a), carry={"shared": 7}, uncounted_tokens=64)
 
     b = _worker(spec, synthetic_docs, seed=1)  # another data stream: only the saved state may make them agree
     _same_anchors(a, b)
     got = load_partial(tmp_path, spec, b)
-    assert (got.round_steps, got.round_tokens, got.inner_step, got.carry) == (3, a.round_tokens, 5, {"shared": 7})
+    assert (got.round_steps, got.round_tokens, got.inner_step, got.carry, got.uncounted_tokens) == \
+        (3, a.round_tokens, 5, {"shared": 7}, 64)
     for mid in a.module_ids:
         assert torch.equal(a.flat(mid), b.flat(mid))
     # the same next batches from here: identical weights, so the inner optimizer state came back exactly
@@ -105,7 +108,9 @@ def test_a_partial_that_does_not_fit_is_refused_and_changes_nothing(tmp_path, sp
         load_partial(tmp_path, spec.replace(name="elsewhere"), w)
 
     raw = (tmp_path / FILE).read_bytes()
-    for bad in (raw[: len(raw) // 2], b"", raw[:8] + b"[" + raw[9:]):
+    header_end = 8 + int.from_bytes(raw[:8], "little")
+    zeroed = raw[:header_end] + bytes(len(raw) - header_end)  # what a power loss can leave: a header, no data
+    for bad in (raw[: len(raw) // 2], b"", raw[:8] + b"[" + raw[9:], zeroed):
         (tmp_path / FILE).write_bytes(bad)
         w, before = fresh()
         with pytest.raises(PartialError):
@@ -114,6 +119,33 @@ def test_a_partial_that_does_not_fit_is_refused_and_changes_nothing(tmp_path, sp
     (tmp_path / FILE).unlink()
     with pytest.raises(PartialError, match="no round in progress"):
         load_partial(tmp_path, spec, fresh()[0])
+
+
+def test_sending_a_round_discards_the_saved_one_and_the_next_save_leaves_the_sent_steps_out(
+        tmp_path, spec, synthetic_docs):
+    """Between a send and the next save, the file on disk would hold the steps just sent: resumed after that round
+    merged, they would be applied twice. So the send deletes it, and the next step saves it without them."""
+    from pathswarm.node.runtime import Node, NodeConfig
+
+    node = Node(NodeConfig(spec=spec, offline=True, checkpoint_dir=str(tmp_path)))
+    node.worker = w = _worker(spec, synthetic_docs)
+    w.train_inner(3)
+    node._maybe_save_partial()
+    assert (tmp_path / FILE).is_file()
+    # the network side of a send, stubbed: this checks the node's own bookkeeping
+    node.reducers = {mid: "reducer" for mid in w.module_ids}
+    node.exchange = SimpleNamespace(contribute=lambda *args: None)
+    node.net = SimpleNamespace(submit=lambda coro: concurrent.futures.Future())
+    node._send_round()
+    assert not (tmp_path / FILE).exists()
+    w.train_inner(1)
+    node._maybe_save_partial()  # due at the first step after a send
+    b = _worker(spec, synthetic_docs)
+    _same_anchors(w, b)
+    got = load_partial(tmp_path, spec, b)
+    assert (got.round_steps, got.round_tokens) == (1, w.round_tokens)
+    for mid in w.module_ids:
+        assert torch.equal(b.flat(mid), w.outer[mid].anchor + (w.flat(mid) - node.in_flight[mid].local_when_sent))
 
 
 @pytest.mark.timeout(150)
