@@ -768,8 +768,10 @@ class Node:
         self.status.round += 1
         if self.status.round == 1 and self.chores is not None:
             # Our claim now says we have trained a round, so we may reduce. Stored before our next send, on this thread
-            # (once per run): peers that read it late would pick another reducer than we do, a split round.
+            # (once per run): peers that read it late would pick another reducer than we do, a split round. The pause
+            # (once per run too) lets the renewals of peers that finished round 1 with us land before we read claims.
             self._claim_safe()
+            self.stop_event.wait(ROUND1_SETTLE_S)
         self.status.bytes_sent, self.status.bytes_received = self.traffic.sent, self.traffic.received
         for mid, peer in list(self.exchange.behind.items()):
             self.resync_from[mid] = peer
@@ -900,6 +902,9 @@ class Node:
         if hasattr(self, "sdht"):
             self.sdht.shutdown()
 
+
+ROUND1_SETTLE_S = 1.0
+"""After its first round a node pauses this long, once: see Node._round_complete."""
 
 CLAIMS_READ_S = 1.0
 """How long a decoupled node waits for the claims when it sends a round, before it uses the last view it read."""
