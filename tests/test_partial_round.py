@@ -178,7 +178,7 @@ def test_a_node_killed_mid_round_resumes_that_round(tmp_path):
             proc.kill()
     meta = _metadata(ckpt / FILE)
     saved_steps = int(meta["round_steps"])
-    assert 5 <= saved_steps < 20 and json.loads(meta["anchors"])["shared"][0] == 1
+    assert 1 <= saved_steps < 20 and json.loads(meta["anchors"])["shared"][0] == 1  # saves are rate-limited
 
     again = subprocess.run(base + ["--max-rounds", "1"], capture_output=True, text=True, timeout=90)
     assert again.returncode == 0, again.stderr[-2000:]
