@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean
+.PHONY: demo test test-unit test-swarm lint install clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -20,9 +20,17 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/pathswarm demo
 
+# Both halves: tests/unit (pure, no network) and tests/swarm (real nodes and hivemind on 127.0.0.1).
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q tests/unit tests/swarm
+
+# The quick loop: pure tests only (about a minute).
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
+
+test-swarm: $(STAMP)
+	$(BIN)/python -m pytest -q tests/swarm
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

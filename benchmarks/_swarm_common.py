@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from pathswarm.node.data import load_documents
-from pathswarm.node.swarm_init import init_spec
+from pathswarm.node.app.swarm_init import init_spec
+from pathswarm.node.model.data import load_documents
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, SwarmSpec
 
 

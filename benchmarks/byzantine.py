@@ -22,10 +22,10 @@ from pathlib import Path
 
 from _swarm_common import machine, write_json
 
+from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.attacks import KINDS, attacker
-from pathswarm.node.data import load_documents
-from pathswarm.node.simulate import SimConfig, run_simulation
-from pathswarm.node.swarm_init import init_spec
+from pathswarm.node.model.data import load_documents
+from pathswarm.node.train.simulate import SimConfig, run_simulation
 from pathswarm.protocol.spec import AveragingSpec, DataSpec, InnerOptSpec, ModelSpec, SwarmSpec
 
 RESULTS = Path(__file__).parent / "results"

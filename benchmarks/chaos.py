@@ -50,10 +50,10 @@ from pathlib import Path
 
 from _swarm_common import machine, write_json
 
-from pathswarm.node.checkpoint import CheckpointError, load_checkpoint
-from pathswarm.node.data import load_documents
-from pathswarm.node.local_swarm import LocalSwarm, replicas_identical
-from pathswarm.node.swarm_init import init_spec
+from pathswarm.node.app.local_swarm import LocalSwarm, replicas_identical
+from pathswarm.node.app.swarm_init import init_spec
+from pathswarm.node.model.data import load_documents
+from pathswarm.node.train.checkpoint import CheckpointError, load_checkpoint
 from pathswarm.protocol.spec import AveragingSpec, DataSpec, InnerOptSpec, ModelSpec, SwarmSpec
 
 RESULTS = Path(__file__).parent / "results"

@@ -69,9 +69,9 @@ def real_pseudo_gradient(width: int, warmup_steps: int, inner_steps: int, seed: 
     """Δ = anchor − local of one path of the project's model after `inner_steps` AdamW steps on BBC News."""
     from torch.nn.utils import parameters_to_vector
 
-    from pathswarm.node.data import TokenSampler, load_bbc, split
-    from pathswarm.node.inner import make_inner_optimizer, train_steps
-    from pathswarm.node.model import build_path
+    from pathswarm.node.model.data import TokenSampler, load_bbc, split
+    from pathswarm.node.model.model import build_path
+    from pathswarm.node.train.inner import make_inner_optimizer, train_steps
     from pathswarm.protocol.spec import ModelSpec, SwarmSpec
 
     torch.manual_seed(seed)

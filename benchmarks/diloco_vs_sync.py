@@ -27,13 +27,13 @@ from pathlib import Path
 import torch
 from _swarm_common import machine, write_json
 
-from pathswarm.node.checkpoint import load_checkpoint
-from pathswarm.node.data import TokenSampler, load_documents, split
-from pathswarm.node.evaluate import model_from_checkpoint
-from pathswarm.node.inner import evaluate_loss
-from pathswarm.node.model import path_param_count
-from pathswarm.node.simulate import SimConfig, run_simulation
-from pathswarm.node.swarm_init import init_spec
+from pathswarm.node.app.swarm_init import init_spec
+from pathswarm.node.model.data import TokenSampler, load_documents, split
+from pathswarm.node.model.model import path_param_count
+from pathswarm.node.train.checkpoint import load_checkpoint
+from pathswarm.node.train.evaluate import model_from_checkpoint
+from pathswarm.node.train.inner import evaluate_loss
+from pathswarm.node.train.simulate import SimConfig, run_simulation
 from pathswarm.protocol.spec import DataSpec, InnerOptSpec, ModelSpec, OuterOptSpec, SwarmSpec
 
 RESULTS = Path(__file__).parent / "results"

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 from _swarm_common import machine, write_json
 
-from pathswarm.node.data import load_documents
-from pathswarm.node.tune import SweepConfig, Trial, sweep, sweep_report
+from pathswarm.node.model.data import load_documents
+from pathswarm.node.train.tune import SweepConfig, Trial, sweep, sweep_report
 from pathswarm.protocol.spec import DataSpec, InnerOptSpec, ModelSpec, SwarmSpec
 
 RESULTS = Path(__file__).parent / "results"

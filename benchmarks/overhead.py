@@ -18,7 +18,7 @@ from pathlib import Path
 
 from _swarm_common import machine, write_json, write_spec
 
-from pathswarm.node.local_swarm import LocalSwarm
+from pathswarm.node.app.local_swarm import LocalSwarm
 
 
 def run(spec_path: Path, workdir: Path, rounds: int, offline: bool) -> dict:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from _swarm_common import machine, write_json, write_spec
 
-from pathswarm.node.local_swarm import LocalSwarm
-from pathswarm.node.model import count_module_params
+from pathswarm.node.app.local_swarm import LocalSwarm
+from pathswarm.node.model.model import count_module_params
 
 GOALS = {100: 450, 500: 2000}
 

@@ -1,2 +1,3 @@
-"""What runs on a volunteer machine: muP model, data and routing, inner and outer optimisation,
-simulator, the networked node runtime, checkpoints and the CLI."""
+"""What runs on a volunteer machine, by concern: `model/` (muP model, router, data), `train/` (inner and
+outer optimisation, the round rule, simulator, checkpoints), `peer/` (the running node) and `app/` (CLI,
+demo, local swarm, displays)."""

@@ -1,5 +1,5 @@
 """`python -m pathswarm` runs the CLI."""
 
-from pathswarm.node.cli import main
+from pathswarm.node.app.cli import main
 
 main()

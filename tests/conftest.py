@@ -16,8 +16,8 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 def tiny_spec(**model_overrides):
     """A small 2x2 spec with a fitted router on the synthetic corpus (cached per argument set)."""
-    from pathswarm.node.data import synthetic_corpus
-    from pathswarm.node.swarm_init import init_spec
+    from pathswarm.node.app.swarm_init import init_spec
+    from pathswarm.node.model.data import synthetic_corpus
     from pathswarm.protocol.spec import DataSpec, InnerOptSpec, ModelSpec, SwarmSpec
 
     model = dict(width=32, base_width=32, n_heads=2, layers_per_module=1, context_len=32)
@@ -34,7 +34,7 @@ def spec():
 
 @pytest.fixture(scope="session")
 def synthetic_docs():
-    from pathswarm.node.data import synthetic_corpus
+    from pathswarm.node.model.data import synthetic_corpus
 
     return synthetic_corpus(200, seed=0)
 

@@ -1,0 +1,99 @@
+"""`pathswarm swarm init`: fit the router of a new swarm on its corpus and describe the result.
+
+`init_spec` takes a spec built from the command line (levels, width, data, ...) and the corpus's
+documents, fits one k-means centroid per path on the training split and returns the spec with the
+centroids, which fixes its swarm_id. `format_init_report` is what the command prints: the swarm's
+shape, parameters per module and per path, documents per path and the label x path table that shows
+whether the router sends each topic to its own path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from pathswarm.node.model.data import Document, split
+from pathswarm.node.model.router import assignment_table, fit_router
+from pathswarm.protocol.spec import SwarmSpec, format_path
+
+log = logging.getLogger(__name__)
+
+MAX_LABEL_ROWS = 20
+"""The label x path table shows at most this many labels (the most common)."""
+
+
+def init_spec(base: SwarmSpec, docs: Sequence[Document]) -> SwarmSpec:
+    """`base` with its router fitted on the training split of `docs` (router.seed seeds k-means)."""
+    train, _ = split(docs, base.data.val_fraction)
+    if len(train) < base.n_paths:
+        raise ValueError(f"the training split holds {len(train)} documents, fewer than the {base.n_paths} "
+                         f"paths of levels {list(base.levels)}: use more documents or fewer paths")
+    log.info("fitting the router: %d centroids on %d training documents", base.n_paths, len(train))
+    return base.replace(router=fit_router(train, base.router, base.n_paths))
+
+
+def module_param_counts(spec: SwarmSpec) -> dict[str, int] | None:
+    """Parameters per module id from node.model, or None while that module is not available."""
+    try:
+        from pathswarm.node.model.model import count_module_params
+    except ImportError:
+        return None
+    return dict(count_module_params(spec))
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    """Plain-text table: first column left-aligned, the others right-aligned."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[j]) for r in cells) for j in range(len(header))]
+
+    def line(r: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths, strict=True)))
+
+    return [line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]]
+
+
+def format_init_report(spec: SwarmSpec, docs: Sequence[Document]) -> str:
+    """Readable summary of a fitted spec over its corpus (what `pathswarm swarm init` prints)."""
+    spec.require_router()
+    train, val = split(docs, spec.data.val_fraction)
+    r, m = spec.router, spec.model
+    out = [
+        f"swarm {spec.name!r}  id {spec.swarm_id}",
+        f"levels {'x'.join(map(str, spec.levels))} -> {spec.n_paths} paths; width {m.width}, "
+        f"{m.layers_per_module} layers per module, context {m.context_len} bytes",
+        f"corpus {spec.data.corpus!r}: {len(docs)} documents ({len(train)} train, {len(val)} validation)",
+        f"router: byte {r.ngram}-grams of the first {r.prefix_bytes} bytes -> {r.features} features, "
+        f"k-means seed {r.seed}",
+    ]
+
+    params = module_param_counts(spec)
+    if params is None:
+        out.append("parameters: (node.model not available yet)")
+    else:
+        out += ["", "parameters per module"]
+        out += _table(["module", "params"], [(mid, f"{params[mid]:,}") for mid in spec.all_module_ids()])
+
+    table = assignment_table(train, spec.router, spec)
+    val_table = assignment_table(val, spec.router, spec) if val else None
+    rows = []
+    for p in table["paths"]:
+        path = p["path"]
+        n_params = f"{sum(params[mid] for mid in spec.module_ids(path)):,}" if params is not None else "-"
+        n_val = val_table["paths"][p["index"]]["docs"] if val_table else 0
+        share = p["docs"] / max(table["n_docs"], 1)
+        rows.append((format_path(path), " ".join(spec.module_ids(path)), n_params, p["docs"], n_val, f"{share:.0%}"))
+    out += ["", "paths"]
+    out += _table(["path", "modules", "params", "train docs", "val docs", "share"], rows)
+
+    labels = table["labels"]
+    if labels != [""]:
+        # Many labels (e.g. one per .txt file) would drown the table: show the most common ones.
+        totals = {label: sum(p["labels"][label] for p in table["paths"]) for label in labels}
+        shown = sorted(sorted(labels, key=lambda lb: -totals[lb])[:MAX_LABEL_ROWS])
+        out += ["", f"train documents per label x path (purity {table['purity']:.1%})"]
+        header = ["label"] + [format_path(p["path"]) for p in table["paths"]]
+        out += _table(header, [[label or "(none)"] + [p["labels"][label] for p in table["paths"]]
+                               for label in shown])
+        if len(shown) < len(labels):
+            out.append(f"({len(labels) - len(shown)} less common labels not shown)")
+    return "\n".join(out) + "\n"

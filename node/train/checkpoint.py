@@ -1,0 +1,191 @@
+"""Checkpoints: one safetensors file per module plus a JSON manifest, written atomically.
+
+Layout under a checkpoint root:
+
+    ROOT/round-000012/manifest.json      swarm_id, round, module ids, file hashes, replica digests
+    ROOT/round-000012/L0M1.safetensors   the module's weights by name + its outer momentum
+    ROOT/LATEST                          name of the newest complete round directory
+
+A round directory is written under a temporary name, every file fsync'ed, then renamed into place;
+LATEST is replaced the same way. A kill at any moment leaves the previous complete round readable.
+Loading checks the manifest against the spec (swarm id, module ids, shapes) and the file hashes,
+and fails with a `CheckpointError` that says what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from pathswarm.node.model.model import new_module
+from pathswarm.node.train.outer import state_digest
+from pathswarm.protocol.spec import SwarmSpec
+
+FORMAT_VERSION = 1
+MOMENTUM_KEY = "__outer_momentum__"
+KEEP_ROUNDS = 2
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, corrupt or belongs to another swarm."""
+
+
+@dataclass
+class ModuleState:
+    """A module's weights (by parameter name), its flat outer momentum, and its outer round."""
+
+    weights: dict[str, torch.Tensor]
+    momentum: torch.Tensor
+    round: int
+
+    def flat_weights(self) -> torch.Tensor:
+        return torch.cat([self.weights[k].reshape(-1).float() for k in self.weights])
+
+
+@dataclass
+class Checkpoint:
+    swarm_id: str
+    round: int
+    modules: dict[str, ModuleState]
+    directory: Path
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def module_digest(state: ModuleState) -> str:
+    """Same digest as `OuterState.digest` for the same anchor, momentum and round."""
+    return state_digest(state.flat_weights(), state.momentum, state.round)
+
+
+def save_checkpoint(root: str | Path, spec: SwarmSpec, round_: int, modules: dict[str, ModuleState]) -> Path:
+    """Write a complete round atomically and point LATEST at it; returns the round directory."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"round-{round_:06d}"
+    final = root / name
+    tmp = root / f".{name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    manifest = {"format": FORMAT_VERSION, "swarm_id": spec.swarm_id, "round": round_, "modules": {}}
+    for mid, st in sorted(modules.items()):
+        tensors = {k: v.detach().contiguous().clone() for k, v in st.weights.items()}
+        tensors[MOMENTUM_KEY] = st.momentum.detach().contiguous().float().clone()
+        path = tmp / f"{mid}.safetensors"
+        save_file(tensors, str(path), metadata={"module": mid, "round": str(st.round)})
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+        manifest["modules"][mid] = {"file": path.name, "sha256": _sha256_file(path), "round": st.round,
+                                    "digest": module_digest(st)}
+    _write_atomic_text(tmp / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    _write_atomic_text(root / "LATEST", name + "\n")
+    _prune(root, keep=KEEP_ROUNDS)
+    return final
+
+
+def _prune(root: Path, keep: int) -> None:
+    rounds = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("round-"))
+    for old in rounds[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def resolve_checkpoint_dir(path: str | Path) -> Path:
+    """A round directory itself, or a root whose LATEST names one."""
+    p = Path(path)
+    if (p / "manifest.json").is_file():
+        return p
+    latest = p / "LATEST"
+    if latest.is_file():
+        target = p / latest.read_text(encoding="utf-8").strip()
+        if (target / "manifest.json").is_file():
+            return target
+        raise CheckpointError(f"{p}: LATEST names {target.name}, which has no manifest.json")
+    if not p.exists():
+        raise CheckpointError(f"{p}: checkpoint directory not found")
+    raise CheckpointError(f"{p}: no manifest.json and no LATEST file; not a pathswarm checkpoint")
+
+
+def load_checkpoint(path: str | Path, spec: SwarmSpec, module_ids: list[str] | None = None) -> Checkpoint:
+    """Load and validate a checkpoint against the spec (all its modules, or only `module_ids`)."""
+    d = resolve_checkpoint_dir(path)
+    try:
+        manifest = json.loads((d / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{d}/manifest.json: unreadable ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{d}/manifest.json: unsupported format {manifest.get('format')!r}")
+    if manifest.get("swarm_id") != spec.swarm_id:
+        raise CheckpointError(f"{d}: checkpoint belongs to swarm {str(manifest.get('swarm_id'))[:12]}…, "
+                              f"but the spec's swarm id is {spec.swarm_id[:12]}…")
+    entries = manifest.get("modules")
+    if not isinstance(entries, dict):
+        raise CheckpointError(f"{d}/manifest.json: 'modules' must be a table")
+    wanted = module_ids if module_ids is not None else sorted(entries)
+    modules: dict[str, ModuleState] = {}
+    for mid in wanted:
+        if mid not in spec.all_module_ids():
+            raise CheckpointError(f"{d}: module {mid!r} is not part of this swarm")
+        if mid not in entries:
+            raise CheckpointError(f"{d}: module {mid} is missing from the checkpoint")
+        modules[mid] = _load_module(d, spec, mid, entries[mid])
+    return Checkpoint(swarm_id=spec.swarm_id, round=int(manifest.get("round", 0)), modules=modules, directory=d)
+
+
+def _load_module(d: Path, spec: SwarmSpec, mid: str, entry: dict) -> ModuleState:
+    path = d / str(entry.get("file", ""))
+    if not path.is_file() or path.parent != d:
+        raise CheckpointError(f"{d}: module {mid}'s file {entry.get('file')!r} is missing")
+    if _sha256_file(path) != entry.get("sha256"):
+        raise CheckpointError(f"{path}: file hash does not match the manifest (corrupt or modified)")
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:  # safetensors raises several types for a damaged file
+        raise CheckpointError(f"{path}: unreadable ({e})") from None
+    momentum = tensors.pop(MOMENTUM_KEY, None)
+    expected = new_module(spec, mid).state_dict()
+    if set(tensors) != set(expected):
+        raise CheckpointError(f"{path}: parameter names differ from the spec's module {mid}")
+    for k, v in expected.items():
+        if tuple(tensors[k].shape) != tuple(v.shape):
+            raise CheckpointError(f"{path}: {k} has shape {tuple(tensors[k].shape)}, spec says {tuple(v.shape)}")
+    # Keep the module's own parameter order: flat vectors are built in that order.
+    weights = {k: tensors[k] for k in expected}
+    numel = sum(v.numel() for v in weights.values())
+    if momentum is None or momentum.numel() != numel:
+        raise CheckpointError(f"{path}: outer momentum missing or of the wrong size")
+    return ModuleState(weights=weights, momentum=momentum.reshape(-1), round=int(entry.get("round", 0)))

@@ -1,0 +1,119 @@
+"""The inner loop of DiLoCo: AdamW on one path's documents, with muP learning rates and warm-up.
+
+Kept as straight visible code (nanoGPT style): sample a batch, forward, backward, clip, step.
+The same functions drive the simulator, the synchronous baseline and the real node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from pathswarm.node.model.model import PathModel, param_groups
+from pathswarm.protocol.spec import InnerOptSpec
+
+
+class AdamW:
+    """AdamW with decoupled weight decay, step for step what `torch.optim.AdamW` computes (amsgrad off).
+
+    Ours because constructing any `torch.optim` optimizer imports torch._dynamo, about 3 s of CPU at
+    every node start: a restarted volunteer node trains that much sooner, and a test suite of
+    subprocess nodes saves minutes. `tests/test_model.py` checks it against torch's AdamW."""
+
+    def __init__(self, groups: list[dict], betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.param_groups = [{"betas": betas, "eps": eps, "weight_decay": 0.0, **g, "params": list(g["params"])}
+                             for g in groups]
+        self.state: dict[torch.Tensor, dict] = {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for g in self.param_groups:
+            for p in g["params"]:
+                if set_to_none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for g in self.param_groups:
+            lr, wd, eps = g["lr"], g["weight_decay"], g["eps"]
+            beta1, beta2 = g["betas"]
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state.get(p)
+                if st is None:
+                    st = self.state[p] = {"step": 0, "exp_avg": torch.zeros_like(p),
+                                          "exp_avg_sq": torch.zeros_like(p)}
+                st["step"] += 1
+                p.mul_(1 - lr * wd)
+                st["exp_avg"].lerp_(p.grad, 1 - beta1)
+                st["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                bias1, bias2 = 1 - beta1 ** st["step"], 1 - beta2 ** st["step"]
+                denom = (st["exp_avg_sq"].sqrt() / math.sqrt(bias2)).add_(eps)
+                p.addcdiv_(st["exp_avg"], denom, value=-lr / bias1)
+
+
+def make_inner_optimizer(model: PathModel, cfg: InnerOptSpec, lr: float | None = None) -> AdamW:
+    """AdamW over the path's parameters with muP per-group learning rates (lr overrides cfg.lr)."""
+    groups = param_groups(model, lr if lr is not None else cfg.lr, cfg.weight_decay)
+    return AdamW(groups, betas=(cfg.beta1, cfg.beta2))
+
+
+def set_warmup_lr(opt: AdamW, inner_step: int, warmup_steps: int) -> None:
+    """Linear warm-up over the first steps of a node's training, then constant.
+
+    Constant afterwards because a swarm trains open-ended: there is no known end for a cosine."""
+    factor = min(1.0, (inner_step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    for g in opt.param_groups:
+        g["lr"] = g["base_lr"] * factor
+
+
+@dataclass
+class InnerStats:
+    losses: list[float]
+    tokens: int
+
+
+def train_steps(model: PathModel, opt: AdamW, batches: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+                cfg: InnerOptSpec, steps: int, first_step: int = 0,
+                on_step: Callable[[int, float], None] | None = None) -> InnerStats:
+    """Run `steps` inner AdamW steps; `first_step` is the node's running inner-step count (for warm-up)."""
+    model.train()
+    losses: list[float] = []
+    tokens = 0
+    for i in range(steps):
+        x, y = batches()
+        device = next(model.parameters()).device
+        if x.device != device:  # data is sampled on the CPU; the model may live on a GPU
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        set_warmup_lr(opt, first_step + i, cfg.warmup_steps)
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        losses.append(loss.item())
+        tokens += y.numel()
+        if on_step is not None:
+            on_step(first_step + i, losses[-1])
+    return InnerStats(losses=losses, tokens=tokens)
+
+
+@torch.no_grad()
+def evaluate_loss(model: PathModel, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, int]:
+    """Mean next-byte cross-entropy (nats per token) over the batches, and the token count."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    device = next(model.parameters()).device
+    for x, y in batches:
+        _, loss = model(x.to(device), y.to(device))
+        total += loss.item() * y.numel()
+        count += y.numel()
+    model.train(was_training)
+    return (total / count if count else float("nan")), count

@@ -1,0 +1,284 @@
+"""The whole algorithm in one process, without networking: DiLoCo, DiPaCo and a synchronous baseline.
+
+Modes (same model, data and optimisers as the real node; `PathWorker` and `merge_frames` are the very
+functions the node uses):
+- `diloco`: N workers train replicas of one path on i.i.d. shards of all documents; every H inner
+  steps each module's outer gradients are encoded, merged token-weighted, and an outer Nesterov step
+  is applied by every worker.
+- `dipaco`: workers are assigned to paths round-robin (one per path by default); each trains on the
+  documents the router sends to its path; each module is averaged only among the workers holding it.
+- `sync`: synchronous data-parallel: N workers' gradients averaged every inner step, one AdamW, the
+  same total tokens as the other modes.
+
+Validation loss is routed: each validation document is scored by the path the router picks for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from pathswarm.node.model.data import Document, TokenSampler, load_documents, split
+from pathswarm.node.model.model import PathModel, build_path
+from pathswarm.node.model.router import route_many
+from pathswarm.node.train.checkpoint import ModuleState, save_checkpoint
+from pathswarm.node.train.inner import evaluate_loss, make_inner_optimizer, set_warmup_lr
+from pathswarm.node.train.worker import PathWorker, merge_frames
+from pathswarm.protocol.spec import SwarmSpec, format_path
+
+MODES = ("diloco", "dipaco", "sync")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulated run."""
+
+    mode: str = "dipaco"
+    """'diloco', 'dipaco' or 'sync'."""
+    workers: int = 0
+    """Workers (0: one per path in dipaco mode, 4 otherwise)."""
+    rounds: int = 5
+    """Outer rounds (in sync mode: evaluation points, H synchronous steps apart)."""
+    inner_steps: int = 0
+    """H inner steps per round (0: the spec's inner.steps)."""
+    eval_batches: int = 8
+    """Validation batches per path at each evaluation."""
+    seed: int = 0
+    """Seed of the workers' data streams."""
+    lr: float = 0.0
+    """Inner learning rate override at base width (0: the spec's inner.lr)."""
+    synthetic_docs: int = 200
+    """Documents of the generated corpus when the spec's data.corpus is 'synthetic'."""
+    checkpoint_dir: str = ""
+    """Write a checkpoint of every module here at the end ('' for none)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for name in ("workers", "inner_steps", "lr"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.rounds <= 0 or self.eval_batches <= 0:
+            raise ValueError("rounds and eval_batches must be positive")
+
+
+@dataclass
+class SimResult:
+    mode: str
+    swarm_id: str
+    workers: int
+    inner_steps: int
+    paths: list[str]
+    rounds: list[dict] = field(default_factory=list)
+    val_loss_before: dict[str, float] = field(default_factory=dict)
+    val_loss_after: dict[str, float] = field(default_factory=dict)
+    tokens_total: int = 0
+    rejected: int = 0
+    """Contributions the group merge screened out (benchmarks/byzantine.py)."""
+    bytes_sent_total: int = 0
+    ddp_fp32_bytes_equivalent: int = 0
+    replicas_identical: bool = True
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+Event = Callable[[str, dict], None]
+
+
+class RoutedEval:
+    """Fixed validation batches per path: the same windows at every evaluation."""
+
+    def __init__(self, spec: SwarmSpec, val_docs: list[Document], paths: list[tuple[int, ...]], n_batches: int,
+                 routed: bool):
+        self.batches: dict[tuple[int, ...], list] = {}
+        if routed:
+            assign = route_many([d.text for d in val_docs], spec.router)
+            by_path = {p: [d for d, a in zip(val_docs, assign, strict=True) if spec.path_of_index(int(a)) == p]
+                       for p in paths}
+        else:
+            by_path = {p: val_docs for p in paths}
+        for p, docs in by_path.items():
+            if not docs:
+                continue
+            sampler = TokenSampler(docs, spec.model.context_len, seed=0)
+            self.batches[p] = list(sampler.eval_batches(spec.inner.batch_size, n_batches))
+
+    def losses(self, models: dict[tuple[int, ...], PathModel]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        total, count = 0.0, 0
+        for p, batches in self.batches.items():
+            loss, n = evaluate_loss(models[p], batches)
+            out[format_path(p)] = loss
+            total, count = total + loss * n, count + n
+        out["all"] = total / count if count else float("nan")
+        return out
+
+
+def _samplers_for(spec: SwarmSpec, cfg: SimConfig, train: list[Document], paths: list[tuple[int, ...]],
+                  routed: bool) -> list[TokenSampler]:
+    """One data stream per worker: routed documents of its path (dipaco) or all documents."""
+    if routed:
+        assign = route_many([d.text for d in train], spec.router)
+    samplers = []
+    for i, p in enumerate(paths):
+        docs = [d for d, a in zip(train, assign, strict=True) if spec.path_of_index(int(a)) == p] if routed else train
+        if not docs:
+            raise ValueError(f"no training documents are routed to path {format_path(p)}")
+        samplers.append(TokenSampler(docs, spec.model.context_len, seed=cfg.seed * 1000 + i))
+    return samplers
+
+
+Tamper = Callable[[int, str, int, bytes], bytes]
+"""(worker index, module id, round, the worker's frame) → the frame actually sent: benchmarks/byzantine.py
+makes one worker hostile with it."""
+
+
+def run_simulation(spec: SwarmSpec, cfg: SimConfig, docs: list[Document] | None = None,
+                   on_event: Event | None = None, tamper: Tamper | None = None) -> SimResult:
+    """Run one simulated swarm and return per-round losses, tokens and bytes.
+
+    `tamper` (local-SGD modes) rewrites the frames workers send, to simulate hostile peers."""
+    spec.require_router()
+    emit = on_event or (lambda kind, info: None)
+    t0 = time.perf_counter()
+    docs = docs if docs is not None else load_documents(spec.data, synthetic_docs=cfg.synthetic_docs)
+    train, val = split(docs, spec.data.val_fraction)
+    H = cfg.inner_steps or spec.inner.steps
+    lr = cfg.lr or None
+    routed = cfg.mode == "dipaco"
+    if routed:
+        n = cfg.workers or spec.n_paths
+        if n < spec.n_paths:
+            raise ValueError(f"dipaco mode needs at least one worker per path ({spec.n_paths}), got {n}")
+        worker_paths = [spec.path_of_index(i % spec.n_paths) for i in range(n)]
+    else:
+        n = cfg.workers or 4
+        worker_paths = [spec.path_of_index(0)] * n
+    eval_paths = sorted(set(worker_paths))
+    evaluator = RoutedEval(spec, val, eval_paths, cfg.eval_batches, routed)
+    samplers = _samplers_for(spec, cfg, train, worker_paths, routed)
+    result = SimResult(mode=cfg.mode, swarm_id=spec.swarm_id, workers=n, inner_steps=H,
+                       paths=[format_path(p) for p in eval_paths])
+    if cfg.mode == "sync":
+        _run_sync(spec, cfg, H, lr, samplers, evaluator, result, emit)
+    else:
+        _run_local_sgd(spec, cfg, H, lr, worker_paths, samplers, evaluator, result, emit, tamper)
+    result.wall_s = time.perf_counter() - t0
+    return result
+
+
+def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, worker_paths: list[tuple[int, ...]],
+                   samplers: list[TokenSampler], evaluator: RoutedEval, result: SimResult, emit: Event,
+                   tamper: Tamper | None = None) -> None:
+    bs = spec.inner.batch_size
+    workers = [PathWorker(spec, p, (lambda s=s: s.sample(bs)), name=f"w{i}", lr=lr)
+               for i, (p, s) in enumerate(zip(worker_paths, samplers, strict=True))]
+    models = {}
+    for w in workers:
+        models.setdefault(w.path, w.model)
+    result.val_loss_before = evaluator.losses(models)
+    emit("start", {"val_loss": result.val_loss_before, "workers": len(workers)})
+    for r in range(cfg.rounds):
+        train_loss: dict[str, list[float]] = {}
+        for i, w in enumerate(workers):
+            stats = w.train_inner(H, on_step=lambda step, loss, i=i: emit("inner_step", {"worker": i, "loss": loss}))
+            train_loss.setdefault(format_path(w.path), []).append(sum(stats.losses[-10:]) / len(stats.losses[-10:]))
+        round_bytes = 0
+        identical = True
+        for mid in spec.all_module_ids():
+            holders = [w for w in workers if mid in w.module_ids]  # canonical order: worker index
+            if not holders:
+                continue
+            frames = [w.encode_pseudo_grad(mid) for w in holders]
+            if tamper is not None:
+                frames = [tamper(workers.index(w), mid, r, f) for w, f in zip(holders, frames, strict=True)]
+            # Each holder sends its frame to the other holders (an all-gather): that is what crosses the wire.
+            round_bytes += sum(len(f) for f in frames) * (len(holders) - 1)
+            merged = merge_frames(frames, [w.round_tokens for w in holders], holders[0].outer[mid].anchor.numel(),
+                                  spec.averaging, [w.name for w in holders])
+            result.rejected += len(merged.rejected)
+            if merged.mean is not None:  # every contribution rejected: the anchors stay, the Δs carry over
+                for w in holders:
+                    w.apply_outer(mid, merged.mean)
+            identical &= len({w.digest(mid) for w in holders}) == 1
+        if cfg.checkpoint_dir and r == cfg.rounds - 1:
+            first_holder = {mid: next(w for w in workers if mid in w.module_ids)
+                            for mid in spec.all_module_ids() if any(mid in w.module_ids for w in workers)}
+            save_checkpoint(cfg.checkpoint_dir, spec, r + 1,
+                            {mid: w.module_state(mid) for mid, w in first_holder.items()})
+        tokens = sum(w.round_tokens for w in workers)
+        for w in workers:
+            w.end_round()
+        result.tokens_total += tokens
+        result.bytes_sent_total += round_bytes
+        result.ddp_fp32_bytes_equivalent += _ddp_bytes(workers, H)
+        result.replicas_identical &= identical
+        val = evaluator.losses(models)
+        row = {"round": r + 1, "train_loss": {p: sum(v) / len(v) for p, v in train_loss.items()},
+               "val_loss": val, "tokens": result.tokens_total, "bytes_sent": round_bytes,
+               "replicas_identical": identical}
+        result.rounds.append(row)
+        emit("round", row)
+    result.val_loss_after = result.rounds[-1]["val_loss"]
+
+
+def _ddp_bytes(workers: list[PathWorker], H: int) -> int:
+    """What fp32 data-parallel would send for the same inner steps: every worker sends (and receives)
+    its full gradient once per step; a ring all-reduce moves 2·(n−1)/n of it per worker."""
+    total = 0
+    for w in workers:
+        params = sum(p.numel() for p in w.model.parameters())
+        total += int(4 * params * H * 2 * (len(workers) - 1) / max(1, len(workers)))
+    return total
+
+
+def _run_sync(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, samplers: list[TokenSampler],
+              evaluator: RoutedEval, result: SimResult, emit: Event) -> None:
+    path = spec.path_of_index(0)
+    model = build_path(spec, path)
+    opt = make_inner_optimizer(model, spec.inner, lr)
+    bs, n = spec.inner.batch_size, len(samplers)
+    result.val_loss_before = evaluator.losses({path: model})
+    emit("start", {"val_loss": result.val_loss_before, "workers": n})
+    step = 0
+    for r in range(cfg.rounds):
+        losses = []
+        for _ in range(H):
+            set_warmup_lr(opt, step, spec.inner.warmup_steps)
+            opt.zero_grad(set_to_none=True)
+            step_loss = 0.0
+            for s in samplers:  # each worker's gradient, averaged: what an all-reduce would produce
+                x, y = s.sample(bs)
+                _, loss = model(x, y)
+                (loss / n).backward()
+                step_loss += loss.item() / n
+                result.tokens_total += y.numel()
+            if spec.inner.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), spec.inner.grad_clip)
+            opt.step()
+            losses.append(step_loss)
+            emit("inner_step", {"worker": 0, "loss": step_loss})
+            step += 1
+        params = sum(p.numel() for p in model.parameters())
+        round_ddp = int(4 * params * H * 2 * (n - 1))
+        result.ddp_fp32_bytes_equivalent += round_ddp
+        result.bytes_sent_total += round_ddp
+        val = evaluator.losses({path: model})
+        tail = losses[-10:]
+        row = {"round": r + 1, "train_loss": {format_path(path): sum(tail) / len(tail)}, "val_loss": val,
+               "tokens": result.tokens_total, "bytes_sent": round_ddp, "replicas_identical": True}
+        result.rounds.append(row)
+        emit("round", row)
+    result.val_loss_after = result.rounds[-1]["val_loss"]
+    if cfg.checkpoint_dir:
+        states = {}
+        for mid in model.module_ids:
+            weights = model.module_state(mid)
+            numel = sum(v.numel() for v in weights.values())
+            states[mid] = ModuleState(weights=weights, momentum=torch.zeros(numel), round=cfg.rounds)
+        save_checkpoint(cfg.checkpoint_dir, spec, cfg.rounds, states)

@@ -1,0 +1,122 @@
+"""One path's worker: a PathModel, its inner AdamW, and an outer state per module it holds.
+
+This is the unit both the in-process simulator and the real node drive. A round is:
+`train_inner(H)` → `encode_pseudo_grads()` (one codec frame per module, with error feedback) →
+the frames of a module's holders are merged by `merge_frames` (the reducer's screened, robust mean) in a
+canonical order →
+`apply_outer(mid, avg)` on every holder, which then restarts its inner phase from the new anchor.
+Because every holder decodes the same bytes and merges them in the same order, all holders end the
+round with bit-identical anchor and momentum (checked by `digest`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch.nn.utils import parameters_to_vector
+
+from pathswarm.compression import ErrorFeedback, encode
+from pathswarm.node.model.model import PathModel, build_path
+from pathswarm.node.train.checkpoint import ModuleState
+from pathswarm.node.train.inner import InnerStats, make_inner_optimizer, train_steps
+from pathswarm.node.train.outer import OuterState, pseudo_gradient
+from pathswarm.protocol.aggregate import Merged, merge
+from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
+
+
+class PathWorker:
+    def __init__(self, spec: SwarmSpec, path: tuple[int, ...], batches: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+                 name: str = "worker", lr: float | None = None, model: PathModel | None = None,
+                 device: str = "cpu"):
+        self.spec = spec
+        self.path = tuple(path)
+        self.name = name
+        self.model = (model if model is not None else build_path(spec, self.path)).to(device)
+        self.module_ids = self.model.module_ids
+        self.batches = batches
+        self.opt = make_inner_optimizer(self.model, spec.inner, lr)
+        self.outer = {mid: OuterState.fresh(self.flat(mid)) for mid in self.module_ids}
+        self.feedback = {mid: ErrorFeedback() for mid in self.module_ids}
+        self.inner_step = 0
+        self.round_tokens = 0
+        self.round_steps = 0  # inner steps since the last end_round
+
+    # ---- weights as flat vectors, one per module ---------------------------------------------
+    def flat(self, mid: str) -> torch.Tensor:
+        # Outer state lives on the CPU in fp32 whatever the training device: it is what peers exchange.
+        return parameters_to_vector(self.model.module(mid).parameters()).detach().to("cpu", torch.float32, copy=True)
+
+    def set_flat(self, mid: str, vec: torch.Tensor) -> None:
+        """Copy a flat vector into the module's parameters (never aliasing it: torch's
+        vector_to_parameters would make the parameters views of `vec`, so training would
+        silently rewrite the anchor)."""
+        offset = 0
+        with torch.no_grad():
+            for p in self.model.module(mid).parameters():
+                n = p.numel()
+                p.copy_(vec[offset:offset + n].view_as(p).to(p.device))
+                offset += n
+        if offset != vec.numel():
+            raise ValueError(f"module {mid}: vector has {vec.numel()} values, parameters {offset}")
+
+    # ---- the round ---------------------------------------------------------------------------
+    def train_inner(self, steps: int, on_step: Callable[[int, float], None] | None = None) -> InnerStats:
+        stats = train_steps(self.model, self.opt, self.batches, self.spec.inner, steps, self.inner_step, on_step)
+        self.inner_step += steps
+        self.round_steps += steps
+        self.round_tokens += stats.tokens
+        return stats
+
+    def pseudo_grad(self, mid: str) -> torch.Tensor:
+        return pseudo_gradient(self.outer[mid].anchor, self.flat(mid))
+
+    def encode_pseudo_grad(self, mid: str) -> bytes:
+        """The module's outer gradient as one codec frame (quantisation residual kept for next round)."""
+        codec = self.spec.codec
+        delta = self.pseudo_grad(mid)
+        args = dict(block_size=codec.block_size, zstd_level=codec.zstd_level, target_error=codec.target_error)
+        if not codec.error_feedback:
+            return encode(delta, **args)
+        return self.feedback[mid].encode(delta, **args)
+
+    def apply_outer(self, mid: str, avg_pseudo_grad: torch.Tensor) -> None:
+        """Outer Nesterov step on the module's anchor; the local weights restart from the new anchor."""
+        self.outer[mid].apply(avg_pseudo_grad, self.spec.outer)
+        self.set_flat(mid, self.outer[mid].anchor)
+
+    def end_round(self) -> None:
+        self.round_tokens = 0
+        self.round_steps = 0
+
+    def digest(self, mid: str) -> str:
+        return self.outer[mid].digest()
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def module_state(self, mid: str) -> ModuleState:
+        """The module at its last complete outer round (anchor, not the in-flight local weights)."""
+        st = self.outer[mid]
+        template = self.model.module(mid).state_dict()
+        weights, offset = {}, 0
+        for name, t in template.items():
+            weights[name] = st.anchor[offset:offset + t.numel()].view_as(t).clone()
+            offset += t.numel()
+        return ModuleState(weights=weights, momentum=st.momentum.clone(), round=st.round)
+
+    def restore(self, mid: str, state: ModuleState) -> None:
+        """Adopt a module state (from a checkpoint or a peer): anchor, momentum, round, local weights."""
+        anchor = state.flat_weights()
+        if anchor.numel() != self.outer[mid].anchor.numel() or state.momentum.numel() != anchor.numel():
+            raise ValueError(f"module {mid}: state has {anchor.numel()} values, "
+                             f"expected {self.outer[mid].anchor.numel()}")
+        self.outer[mid] = OuterState(anchor=anchor.clone(), momentum=state.momentum.float().clone(), round=state.round)
+        self.set_flat(mid, anchor)
+
+
+def merge_frames(frames: Sequence[bytes], tokens: Sequence[int], numel: int, averaging: AveragingSpec,
+                 names: Sequence[str] | None = None) -> Merged:
+    """The module group's merge (protocol/aggregate.py, the reducer's rule) over holders' frames, in the
+    order given; `names` label the contributions (default: their index)."""
+    names = list(names) if names is not None else [str(i) for i in range(len(frames))]
+    return merge(list(zip(names, tokens, frames, strict=True)), numel, norm_bound=averaging.norm_bound,
+                 clip_factor=averaging.clip_factor, clip_iterations=averaging.clip_iterations)

@@ -1,0 +1,60 @@
+"""The common start-up failures of a node give one clear line and a non-zero exit, no traceback."""
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from pathswarm.node.app.local_swarm import LocalSwarm
+
+from ..conftest import tiny_spec
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def run_node(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pathswarm", "node", "run", *args, "--max-rounds", "1"],
+                          capture_output=True, text=True, timeout=90)
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    return [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+
+
+@pytest.fixture(scope="module")
+def spec_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("errors") / "swarm.toml"
+    path.write_text(tiny_spec().to_toml())
+    return path
+
+
+def test_unreachable_initial_peer(spec_file):
+    dead = "/ip4/127.0.0.1/tcp/9/p2p/QmQycYEeJ8hLdKTpsCAAputNjZYvdZWANTaRF9kNuXrBpe"
+    proc = run_node("--swarm", str(spec_file), "--initial-peer", dead)
+    assert proc.returncode == 2
+    [line] = error_lines(proc)
+    assert "none of the initial peers answered" in line and dead in line
+
+
+def test_port_in_use(spec_file):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        proc = run_node("--swarm", str(spec_file), "--host-maddr", f"/ip4/127.0.0.1/tcp/{port}")
+    assert proc.returncode == 2
+    [line] = error_lines(proc)
+    assert "port is in use" in line
+
+
+def test_spec_of_another_swarm_is_refused(spec_file, tmp_path):
+    other = tmp_path / "other.toml"
+    other.write_text(spec_file.read_text().replace('name = "test"', 'name = "other"'))
+    with LocalSwarm(spec_file, tmp_path) as swarm:
+        maddr = swarm.start_bootstrap()
+        proc = run_node("--swarm", str(other), "--initial-peer", maddr)
+    assert proc.returncode == 2
+    [line] = error_lines(proc)
+    assert "serves swarm 'test'" in line and "use that swarm's spec file" in line

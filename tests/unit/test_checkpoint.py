@@ -1,0 +1,138 @@
+"""Checkpoints: exact round trip, validation against the spec, and atomicity under SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from pathswarm.node.model.model import new_module
+from pathswarm.node.train.checkpoint import (
+    CheckpointError,
+    ModuleState,
+    load_checkpoint,
+    module_digest,
+    resolve_checkpoint_dir,
+    save_checkpoint,
+)
+from pathswarm.node.train.outer import OuterState
+from pathswarm.protocol.spec import ModelSpec, SwarmSpec
+
+SPEC = SwarmSpec(model=ModelSpec(width=32, base_width=32, n_heads=2, layers_per_module=1, context_len=16))
+
+
+def states(spec: SwarmSpec, round_: int, scale: float = 1.0) -> dict[str, ModuleState]:
+    out = {}
+    for mid in spec.module_ids((0, 1)):
+        weights = {k: v * scale for k, v in new_module(spec, mid).state_dict().items()}
+        numel = sum(v.numel() for v in weights.values())
+        out[mid] = ModuleState(weights=weights, momentum=torch.full((numel,), 0.5 * round_), round=round_)
+    return out
+
+
+def test_round_trip_is_exact(tmp_path):
+    saved = states(SPEC, 3)
+    d = save_checkpoint(tmp_path, SPEC, 3, saved)
+    assert d.name == "round-000003" and resolve_checkpoint_dir(tmp_path) == d
+    ckpt = load_checkpoint(tmp_path, SPEC)
+    assert ckpt.round == 3 and set(ckpt.modules) == set(saved)
+    for mid, st in saved.items():
+        got = ckpt.modules[mid]
+        assert list(got.weights) == list(st.weights)  # parameter order preserved (flat vectors depend on it)
+        assert all(torch.equal(got.weights[k], st.weights[k]) for k in st.weights)
+        assert torch.equal(got.momentum, st.momentum)
+        # The manifest digest equals the live OuterState digest of the same state.
+        live = OuterState(anchor=st.flat_weights(), momentum=st.momentum, round=3)
+        assert module_digest(got) == live.digest()
+    manifest = json.loads((d / "manifest.json").read_text())
+    assert manifest["swarm_id"] == SPEC.swarm_id
+
+
+def test_latest_and_pruning(tmp_path):
+    for r in (1, 2, 3):
+        save_checkpoint(tmp_path, SPEC, r, states(SPEC, r))
+    rounds = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("round-"))
+    assert rounds == ["round-000002", "round-000003"]
+    assert load_checkpoint(tmp_path, SPEC).round == 3
+
+
+def test_rejects_other_swarm_corruption_and_missing_modules(tmp_path):
+    d = save_checkpoint(tmp_path, SPEC, 1, states(SPEC, 1))
+    other = SPEC.replace(name="other")
+    with pytest.raises(CheckpointError, match="belongs to swarm"):
+        load_checkpoint(tmp_path, other)
+    with pytest.raises(CheckpointError, match="missing"):
+        load_checkpoint(tmp_path, SPEC, ["shared", "L0M1", "L1M0"])
+    with pytest.raises(CheckpointError, match="not part of this swarm"):
+        load_checkpoint(tmp_path, SPEC, ["L9M9"])
+    f = d / "L1M1.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="hash"):
+        load_checkpoint(tmp_path, SPEC)
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "nothing", SPEC)
+
+
+def test_rejects_shape_mismatch(tmp_path):
+    wide = SPEC.replace(model=ModelSpec(width=64, base_width=32, n_heads=2, layers_per_module=1, context_len=16))
+    save_checkpoint(tmp_path, SPEC, 1, states(SPEC, 1))
+    with pytest.raises(CheckpointError):
+        load_checkpoint(tmp_path, wide)
+
+
+WRITER = textwrap.dedent("""
+    import sys, torch
+    from pathswarm.node.train.checkpoint import ModuleState, save_checkpoint
+    from pathswarm.node.model.model import new_module
+    from pathswarm.protocol.spec import ModelSpec, SwarmSpec
+    spec = SwarmSpec(model=ModelSpec(width=32, base_width=32, n_heads=2, layers_per_module=1, context_len=16))
+    base = {mid: new_module(spec, mid).state_dict() for mid in spec.module_ids((0, 1))}
+    r = 0
+    while True:
+        r += 1
+        st = {mid: ModuleState({k: v + r for k, v in w.items()},
+                               torch.full((sum(v.numel() for v in w.values()),), float(r)), r)
+              for mid, w in base.items()}
+        save_checkpoint(sys.argv[1], spec, r, st)
+        if r == 2:
+            print("ready", flush=True)
+""")
+
+
+@pytest.mark.parametrize("delay_s", [0.05, 0.2, 0.45])
+def test_sigkill_while_writing_leaves_a_complete_round(tmp_path, delay_s):
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(delay_s)  # kill at an arbitrary moment of the write loop
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ckpt = load_checkpoint(tmp_path, SPEC)
+    assert ckpt.round >= 2
+    r = ckpt.round
+    assert all(torch.equal(st.momentum, torch.full_like(st.momentum, float(r))) for st in ckpt.modules.values())
+
+
+def test_a_resuming_node_takes_back_the_path_its_checkpoint_holds(tmp_path):
+    """A restarted node with path 'auto' claims its checkpoint's path at once (no settling wait), and a
+    checkpoint of another swarm or of no single path gives no path."""
+    from pathswarm.node.peer.runtime import Node, NodeConfig
+
+    save_checkpoint(tmp_path / "mine", SPEC, 4, states(SPEC, 4))
+    assert Node(NodeConfig(spec=SPEC, checkpoint_dir=str(tmp_path / "mine")))._checkpoint_path() == (0, 1)
+    other = SPEC.replace(name="another swarm")
+    assert Node(NodeConfig(spec=other, checkpoint_dir=str(tmp_path / "mine")))._checkpoint_path() is None
+    assert Node(NodeConfig(spec=SPEC, checkpoint_dir=str(tmp_path / "none")))._checkpoint_path() is None
+    partial = {mid: st for mid, st in states(SPEC, 2).items() if mid != "shared"}
+    save_checkpoint(tmp_path / "partial", SPEC, 2, partial)
+    assert Node(NodeConfig(spec=SPEC, checkpoint_dir=str(tmp_path / "partial")))._checkpoint_path() is None

@@ -1,0 +1,260 @@
+"""Module-group rounds without a network: the reducer's rules, and bounded message framing.
+
+`ModuleExchange.reduce` is called directly (as the reducer does for its own contribution), so the
+merging, late, out-of-sync and behind rules are checked with exact values; the framing tests feed
+bytes to an asyncio StreamReader.
+"""
+
+import asyncio
+import struct
+
+import pytest
+import torch
+
+from pathswarm.compression import decode, encode
+from pathswarm.node.train.outer import OuterState
+from pathswarm.protocol.aggregate import weighted_average
+from pathswarm.protocol.exchange import RANK_LOST, LocalState, ModuleExchange, rank_lost
+from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
+from pathswarm.protocol.wire import MAGIC, WireError, read_message, write_message
+
+NUMEL = 1000
+SPEC = SwarmSpec(averaging=AveragingSpec(min_group=64, grace_s=0.5))
+
+
+def post_state(state: LocalState, avg: torch.Tensor) -> LocalState:
+    s = OuterState(state.anchor.clone(), state.momentum.clone(), state.round)
+    s.apply(avg, SPEC.outer)
+    return LocalState(s.round, s.digest(), s.anchor, s.momentum)
+
+
+def make_exchange(expected: int) -> tuple[ModuleExchange, LocalState]:
+    st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+    mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
+    ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: mine if m == "L0M0" else None, post_state)
+    ex.expected_holders["L0M0"] = expected
+    return ex, mine
+
+
+def frames(n: int) -> list[bytes]:
+    gen = torch.Generator().manual_seed(0)
+    return [encode(torch.randn(NUMEL, generator=gen) * 1e-3) for _ in range(n)]
+
+
+def test_round_closes_when_every_holder_is_in_and_all_get_the_same_mean():
+    async def go():
+        ex, mine = make_exchange(expected=3)
+        fs = frames(3)
+        peers, tokens = ["p2", "p0", "p1"], [100, 300, 600]
+        results = await asyncio.gather(*(ex.reduce("L0M0", 0, p, t, mine.digest, f)
+                                         for p, t, f in zip(peers, tokens, fs, strict=True)))
+        return mine, fs, results
+
+    mine, fs, results = asyncio.run(go())
+    assert {r.status for r in results} == {"merged"}
+    assert len({r.mean_frame for r in results}) == 1  # one canonical encoding for everybody
+    assert results[0].contributors == ["p0", "p1", "p2"] and results[0].tokens == 1000
+    # The mean is the token-weighted mean in sorted peer order (then quantised once).
+    order = {"p2": (100, fs[0]), "p0": (300, fs[1]), "p1": (600, fs[2])}
+    exact = weighted_average([decode(order[p][1]) for p in sorted(order)], [order[p][0] for p in sorted(order)])
+    got = decode(results[0].mean_frame)
+    assert torch.linalg.vector_norm(got - exact) / torch.linalg.vector_norm(exact) < 0.02
+    assert results[0].digest_after == post_state(mine, got).digest
+
+
+def test_grace_window_closes_a_partial_round_and_late_members_get_the_same_mean():
+    async def go():
+        ex, mine = make_exchange(expected=3)
+        f = frames(2)
+        first = await ex.reduce("L0M0", 0, "p0", 10, mine.digest, f[0])  # alone until the grace window ends
+        late = await ex.reduce("L0M0", 0, "p1", 10, mine.digest, f[1])
+        bad = await ex.reduce("L0M0", 0, "p2", 10, "0" * 16, f[1])
+        return first, late, bad
+
+    first, late, bad = asyncio.run(go())
+    assert first.status == "alone" and first.contributors == ["p0"]
+    assert late.status == "late" and late.mean_frame == first.mean_frame
+    assert bad.status == "out_of_sync"
+
+
+def test_reducer_accepts_the_next_round_before_applying_its_own_result():
+    async def go():
+        ex, mine = make_exchange(expected=1)
+        r0 = await ex.reduce("L0M0", 0, "p0", 10, mine.digest, frames(1)[0])
+        # p0 applied round 0 and sends round 1 while our training loop has not applied it yet.
+        r1 = await ex.reduce("L0M0", 1, "p0", 10, r0.digest_after, frames(1)[0])
+        ahead = await ex.reduce("L0M0", 5, "p9", 10, "ab" * 8, frames(1)[0])
+        return r0, r1, ahead, ex
+
+    r0, r1, ahead, ex = asyncio.run(go())
+    assert r0.status == "alone" and r1.status == "alone" and r1.round == 1
+    assert ahead.status == "behind" and ex.behind["L0M0"] == "p9"
+
+
+def test_undecodable_frames_are_dropped_not_fatal():
+    async def go():
+        ex, mine = make_exchange(expected=2)
+        good = frames(1)[0]
+        return await asyncio.gather(ex.reduce("L0M0", 0, "p0", 10, mine.digest, good),
+                                    ex.reduce("L0M0", 0, "p1", 10, mine.digest, b"garbage"))
+
+    a, b = asyncio.run(go())
+    assert a.contributors == ["p0"] and b.status == "late"
+
+
+def reader_of(data: bytes) -> asyncio.StreamReader:
+    r = asyncio.StreamReader()
+    r.feed_data(data)
+    r.feed_eof()
+    return r
+
+
+def test_framing_round_trip_and_bounds():
+    class Sink:
+        def __init__(self):
+            self.data = bytearray()
+
+        def write(self, b):
+            self.data += bytes(b)
+
+        async def drain(self):
+            pass
+
+    async def go():
+        sink = Sink()
+        await write_message(sink, {"a": 1}, b"x" * 100)
+        header, payload = await read_message(reader_of(bytes(sink.data)), max_payload=100)
+        assert header == {"a": 1} and payload == b"x" * 100
+        with pytest.raises(WireError, match="exceeds the limit"):
+            await read_message(reader_of(bytes(sink.data)), max_payload=99)
+        with pytest.raises(WireError, match="truncated"):
+            await read_message(reader_of(bytes(sink.data[:-1])), max_payload=100)
+        with pytest.raises(WireError, match="bad magic"):
+            await read_message(reader_of(b"XXXX" + bytes(sink.data[4:])), max_payload=100)
+        # A forged 1 TB length is refused from the 16-byte prefix alone, before any allocation.
+        forged = struct.pack("<4sIQ", MAGIC, 2, 1 << 40) + b"{}"
+        with pytest.raises(WireError, match="exceeds the limit"):
+            await read_message(reader_of(forged), max_payload=1 << 20)
+
+    asyncio.run(go())
+
+
+def sync_exchange(spec: SwarmSpec, peer_id: str) -> tuple[LocalState, ModuleExchange]:
+    """An offline exchange in sync-baseline mode holding one fresh module L0M0."""
+    st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+    mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
+    return mine, ModuleExchange(spec, None, peer_id, {"L0M0": NUMEL}, lambda m: mine, post_state, sync_world=True)
+
+
+def test_sync_world_round_waits_past_the_grace_window_for_every_expected_member():
+    spec = SwarmSpec(averaging=AveragingSpec(min_group=2, grace_s=0.2, timeout_s=3.0))
+
+    async def go():
+        mine, ex = sync_exchange(spec, "reducer")
+        ex.expected_holders["L0M0"] = 3  # the job's world: min_group does not cap it in sync mode
+        f = frames(3)
+        t0 = asyncio.get_running_loop().time()
+        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, mine.digest, f[0]))
+        await asyncio.sleep(0.8)  # four grace windows: a decoupled round would have closed alone by now
+        assert not first.done()
+        rest = await asyncio.gather(*(ex.reduce("L0M0", 0, p, 10, mine.digest, x) for p, x in (("p1", f[1]),
+                                                                                              ("p2", f[2]))))
+        full = [await first, *rest]
+        waited = asyncio.get_running_loop().time() - t0
+        # a member that never comes: the round closes at timeout_s with who is there
+        t1 = asyncio.get_running_loop().time()
+        st1 = post_state(mine, decode(full[0].mean_frame))
+        assert st1.digest == full[0].digest_after
+        ex.state_of = lambda m: st1
+        partial = await ex.reduce("L0M0", 1, "p0", 10, st1.digest, f[0])
+        return full, waited, partial, asyncio.get_running_loop().time() - t1
+
+    full, waited, partial, partial_wait = asyncio.run(go())
+    assert {r.status for r in full} == {"merged"} and full[0].contributors == ["p0", "p1", "p2"]
+    assert 0.8 <= waited < 3.0
+    assert partial.status == "alone" and 2.9 <= partial_wait < 4.0
+
+
+def test_rank_lost_names_a_member_whose_claim_lapsed_or_restarted():
+    world = {"a": 3, "b": 3, "c": 0}
+    assert rank_lost(world, {"a": 3, "b": 4, "c": 1, "d": 0}) == ""  # rounds went up, a newcomer is no loss
+    assert rank_lost(world, {"a": 3, "c": 0}) == "b"  # b's claim lapsed
+    assert rank_lost(world, {"a": 0, "b": 3, "c": 0}) == "a"  # a came back as a new process (round 0)
+    assert rank_lost({}, {}) == ""
+
+
+def test_sync_round_fails_for_everyone_when_a_member_dies_and_the_retry_opens_anew():
+    spec = SwarmSpec(averaging=AveragingSpec(min_group=2, grace_s=0.2, timeout_s=5.0))
+
+    async def go():
+        mine, ex = sync_exchange(spec, "p0")
+        ex.expected_holders["L0M0"] = 3
+        ex.live_holders["L0M0"] = {"p0": 2, "p1": 2, "p2": 2}
+        f = frames(3)
+        waiting = [asyncio.ensure_future(ex.reduce("L0M0", 0, p, 10, mine.digest, x))
+                   for p, x in (("p0", f[0]), ("p1", f[1]))]
+        await asyncio.sleep(0.6)
+        assert not any(w.done() for w in waiting)  # p2 is alive: the round waits for it
+        t0 = asyncio.get_running_loop().time()
+        ex.live_holders["L0M0"] = {"p0": 2, "p1": 2}  # p2's claim lapsed
+        failed = await asyncio.gather(*waiting)
+        noticed = asyncio.get_running_loop().time() - t0
+        # p2 comes back as a new process: the retry at the same round number waits for it and merges all three
+        ex.live_holders["L0M0"] = {"p0": 2, "p1": 2, "p2": 0}
+        retry = await asyncio.gather(*(ex.reduce("L0M0", 0, p, 10, mine.digest, x)
+                                       for p, x in (("p0", f[0]), ("p1", f[1]), ("p2", f[2]))))
+        return failed, noticed, retry, ex.tokens_reduced
+
+    failed, noticed, retry, reduced = asyncio.run(go())
+    assert reduced == {"L0M0": 30}  # only the retry's three contributions of 10 tokens entered the model
+    assert [r.status for r in failed] == ["failed", "failed"] and noticed < 1.0
+    assert all(r.reason.startswith(RANK_LOST) and r.reason.endswith("p2") and not r.mean_frame for r in failed)
+    assert {r.status for r in retry} == {"merged"} and retry[0].contributors == ["p0", "p1", "p2"]
+
+
+def test_an_open_round_takes_only_contributions_from_the_state_it_opened_with():
+    # Regression: each contribution was checked against the reducer's state *now*; a reducer that re-synced
+    # mid-round then merged outer gradients of two different states, and members diverged under one round.
+    spec = SwarmSpec(averaging=AveragingSpec(min_group=8, grace_s=0.5, timeout_s=3.0))
+
+    async def go():
+        before = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+        resynced = OuterState.fresh(torch.linspace(-2, 2, NUMEL))
+        states = {"now": LocalState(0, before.digest(), before.anchor, before.momentum)}
+        ex = ModuleExchange(spec, None, "reducer", {"L0M0": NUMEL}, lambda m: states["now"], post_state)
+        ex.expected_holders["L0M0"] = 3
+        f = frames(2)
+        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, before.digest(), f[0]))
+        await asyncio.sleep(0.1)
+        states["now"] = LocalState(0, resynced.digest(), resynced.anchor, resynced.momentum)
+        other = await ex.reduce("L0M0", 0, "p1", 10, resynced.digest(), f[1])
+        return await first, other
+
+    first, other = asyncio.run(go())
+    assert other.status == "out_of_sync"
+    assert first.status == "alone" and first.contributors == ["p0"]
+
+
+def test_a_late_member_is_late_however_many_rounds_other_modules_closed():
+    # Regression: closed results were pruned in (module, round) order across modules, so a busy module
+    # ("shared") evicted every result of the others and their late members were told out_of_sync.
+    async def go():
+        states = {m: LocalState(0, OuterState.fresh(torch.linspace(-1, 1, NUMEL)).digest(),
+                                torch.linspace(-1, 1, NUMEL), torch.zeros(NUMEL)) for m in ("L0M0", "shared")}
+        ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL, "shared": NUMEL}, states.get, post_state)
+        ex.expected_holders.update({"L0M0": 1, "shared": 1})  # each round closes with its first contribution
+        f = frames(1)[0]
+        first = await ex.reduce("L0M0", 0, "p0", 10, states["L0M0"].digest, f)
+        digest = states["shared"].digest
+        for r in range(12):
+            res = await ex.reduce("shared", r, "p0", 10, digest, f)
+            assert res.status == "alone", res
+            digest = res.digest_after
+        late = await ex.reduce("L0M0", 0, "p1", 10, states["L0M0"].digest, f)
+        stale = await ex.reduce("shared", 0, "p1", 10, states["shared"].digest, f)  # long forgotten
+        return first, late, stale
+
+    first, late, stale = asyncio.run(go())
+    assert first.status == "alone"
+    assert late.status == "late" and late.mean_frame == first.mean_frame and late.contributors == ["p0"]
+    assert stale.status == "out_of_sync"  # beyond RESULTS_KEPT rounds: the member must re-sync

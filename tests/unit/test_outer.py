@@ -1,0 +1,69 @@
+"""Outer optimisation: pseudo-gradient, token-weighted mean and Nesterov step against hand-computed values."""
+
+import pytest
+import torch
+
+from pathswarm.node.train.outer import OuterState, nesterov_step, pseudo_gradient
+from pathswarm.protocol.aggregate import weighted_average
+from pathswarm.protocol.spec import OuterOptSpec
+
+
+def test_pseudo_gradient_is_anchor_minus_local():
+    assert torch.equal(pseudo_gradient(torch.tensor([1.0, 2.0]), torch.tensor([0.5, 2.5])), torch.tensor([0.5, -0.5]))
+    with pytest.raises(ValueError, match="shape"):
+        pseudo_gradient(torch.zeros(2), torch.zeros(3))
+
+
+def test_weighted_average_is_token_weighted_mean():
+    avg = weighted_average([torch.tensor([1.0, 0.0]), torch.tensor([5.0, 4.0])], [100, 300])
+    assert torch.allclose(avg, torch.tensor([4.0, 3.0]))
+    with pytest.raises(ValueError, match="positive"):
+        weighted_average([torch.zeros(1)], [0])
+    with pytest.raises(ValueError, match="shape"):
+        weighted_average([torch.zeros(1), torch.zeros(2)], [1, 1])
+    with pytest.raises(ValueError, match="at least one"):
+        weighted_average([], [])
+
+
+def test_nesterov_two_rounds_by_hand():
+    cfg = OuterOptSpec(lr=0.7, momentum=0.9, nesterov=True)
+    anchor, buf = torch.tensor([1.0, 2.0]), torch.zeros(2)
+    nesterov_step(anchor, buf, torch.tensor([0.5, -0.5]), cfg)
+    # buf = [0.5, -0.5]; step = Δ + 0.9·buf = [0.95, -0.95]; anchor -= 0.7·step
+    assert torch.allclose(anchor, torch.tensor([0.335, 2.665]))
+    nesterov_step(anchor, buf, torch.tensor([0.1, 0.1]), cfg)
+    # buf = [0.55, -0.35]; step = [0.595, -0.215]
+    assert torch.allclose(buf, torch.tensor([0.55, -0.35]))
+    assert torch.allclose(anchor, torch.tensor([-0.0815, 2.8155]))
+
+
+def test_matches_torch_sgd_nesterov():
+    torch.manual_seed(0)
+    w = torch.randn(50)
+    p = torch.nn.Parameter(w.clone())
+    sgd = torch.optim.SGD([p], lr=0.7, momentum=0.9, nesterov=True)
+    state = OuterState.fresh(w)
+    for _ in range(5):
+        g = torch.randn(50)
+        p.grad = g.clone()
+        sgd.step()
+        state.apply(g, OuterOptSpec())
+    assert torch.allclose(state.anchor, p.detach(), atol=1e-6)
+    assert state.round == 5
+
+
+def test_heavy_ball_differs_from_nesterov():
+    anchor, buf = torch.tensor([1.0]), torch.tensor([1.0])
+    nesterov_step(anchor, buf, torch.tensor([1.0]), OuterOptSpec(lr=1.0, momentum=0.5, nesterov=False))
+    # buf = 0.5 + 1 = 1.5; anchor = 1 - 1.5
+    assert torch.allclose(anchor, torch.tensor([-0.5]))
+
+
+def test_digest_changes_with_state_and_round():
+    a = OuterState.fresh(torch.ones(4))
+    b = OuterState.fresh(torch.ones(4))
+    assert a.digest() == b.digest()
+    b.round = 1
+    assert a.digest() != b.digest()
+    c = OuterState.fresh(torch.tensor([1.0, 1.0, 1.0, 1.0 + 1e-7]))
+    assert a.digest() != c.digest()
