@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -11,6 +13,13 @@ import torch
 from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.model.data import load_documents
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, SwarmSpec
+
+# The harnesses the unit tests share with the benchmarks live in tests/ (tests/fuzzing.py): the repository
+# root goes on the path, last (its pathswarm/ folder must not shadow the installed package), so that
+# `from tests.… import …` works in a benchmark that imports this module first.
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
 
 
 def write_spec(directory: Path, inner_steps: int, name: str = "bench", grace_s: float = 30.0) -> tuple[SwarmSpec, Path]:
@@ -24,8 +33,9 @@ def write_spec(directory: Path, inner_steps: int, name: str = "bench", grace_s: 
 
 
 def machine() -> dict:
+    """What a result was measured on: versions, torch's threads at the call, and the machine's cores."""
     return {"python": platform.python_version(), "torch": torch.__version__, "cpus": torch.get_num_threads(),
-            "platform": platform.platform()}
+            "cores": os.cpu_count(), "platform": platform.platform()}
 
 
 def write_json(path: str, payload: dict) -> None:

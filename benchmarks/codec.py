@@ -21,7 +21,6 @@ import os
 import platform
 import random
 import re
-import struct
 import sys
 import time
 from collections import Counter
@@ -30,6 +29,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import zstandard
+from _swarm_common import machine, write_json
 
 from pathswarm.compression import (
     DEFAULT_BLOCK_SIZE,
@@ -42,6 +42,7 @@ from pathswarm.compression import (
 from pathswarm.compression import codec as codec_impl
 from pathswarm.compression.frame import checksum, parse_frame
 from pathswarm.compression.quantize import dequantize, quantize, scale_limit
+from tests.fuzzing import FRAME_MAX_ELEMENTS, FRAMES, mutate_frame
 
 CORES = os.cpu_count() or 1
 
@@ -214,44 +215,7 @@ def zstd_levels(x: torch.Tensor, repeats: int) -> list[dict]:
 
 
 # ---- fuzz: mutated frames in worker processes -------------------------------------------------
-FUZZ_MAX_ELEMENTS = 4096
 HANG_SECONDS = 1.0
-
-
-def _fuzz_bases() -> list[bytes]:
-    g = torch.Generator().manual_seed(0)
-    return [encode(torch.randn(300, generator=g) * 1e-3),
-            encode((torch.randn(7, 33, generator=g)).half(), block_size=16),
-            encode(torch.randn(2, 3, 5, generator=g).bfloat16(), block_size=4, target_error=0.0),
-            encode(torch.tensor(2.5)), encode(torch.zeros(0, 3)),
-            encode(torch.randn(2000, generator=g) * 1e-2, block_size=512)]
-
-
-def _mutate(frame: bytes, rng: random.Random) -> bytes:
-    if rng.random() < 0.05:
-        return rng.randbytes(rng.randrange(0, 200))
-    data = bytearray(frame)
-    for _ in range(rng.randint(1, 4)):
-        kind, at = rng.randrange(7), rng.randrange(max(1, len(data)))
-        if kind <= 1 and data:  # bit flip, random byte
-            data[at] = data[at] ^ (1 << rng.randrange(8)) if kind == 0 else rng.randrange(256)
-        elif kind == 2:
-            del data[at:]
-        elif kind == 3:
-            data[at:at] = rng.randbytes(rng.randint(1, 16))
-        elif kind == 4:
-            del data[at:at + rng.randint(1, 16)]
-        elif kind == 5 and len(data) >= 36:  # a header field set to an edge or random value
-            offset, fmt = rng.choice([(4, "<B"), (5, "<B"), (6, "<B"), (7, "<B"), (8, "<I"), (12, "<Q"),
-                                      (20, "<Q"), (28, "<Q")])
-            bits = 8 * struct.calcsize(fmt)
-            edge = rng.choice([0, 1, 2, 255, (1 << bits) - 1, 1 << (bits - 1), rng.getrandbits(bits)])
-            struct.pack_into(fmt, data, offset, edge % (1 << bits))
-        elif kind == 6 and len(data) > 44:  # rewrite a chunk of scales / payload with random bytes
-            data[at:at + 8] = rng.randbytes(8)
-    if rng.random() < 0.5 and len(data) >= 4:  # recompute the CRC so the deeper checks are reached
-        data[-4:] = checksum(memoryview(data)[:-4]).to_bytes(4, "little")
-    return bytes(data)
 
 
 def error_kind(message: str) -> str:
@@ -262,14 +226,14 @@ def error_kind(message: str) -> str:
 def _fuzz_worker(args: tuple[int, int]) -> dict:
     seed, count = args
     torch.set_num_threads(1)
-    rng, bases = random.Random(seed), _fuzz_bases()
+    rng = random.Random(seed)
     outcomes, others = Counter(), Counter()
     slowest = 0.0
     for _ in range(count):
-        data = _mutate(rng.choice(bases), rng)
+        data = mutate_frame(rng.choice(FRAMES), rng)
         start = time.perf_counter()
         try:
-            y = decode(data, max_elements=FUZZ_MAX_ELEMENTS)
+            y = decode(data, max_elements=FRAME_MAX_ELEMENTS)
             outcomes["decoded"] += 1
             if not bool(torch.isfinite(y).all()):
                 outcomes["decoded_non_finite"] += 1
@@ -385,8 +349,7 @@ def main() -> None:
             print(json.dumps(results[-1]), flush=True)
     report = dict(
         command="python benchmarks/codec.py " + " ".join(sys.argv[1:]),
-        machine=dict(cpu=platform.processor() or platform.machine(), cores=CORES, torch=torch.__version__,
-                     zstd=zstandard.ZSTD_VERSION, python=platform.python_version(),
+        machine=dict(machine(), cpu=platform.processor() or platform.machine(), zstd=zstandard.ZSTD_VERSION,
                      load_average_at_start=[round(v, 2) for v in load_before]),
         settings=dict(block_size=DEFAULT_BLOCK_SIZE, zstd_level=DEFAULT_ZSTD_LEVEL,
                       target_error=DEFAULT_TARGET_ERROR, scales="bfloat16, rounded up",
@@ -420,10 +383,7 @@ def main() -> None:
     report["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()]
     print(markdown(report))
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-            f.write("\n")
+        write_json(args.json, report)
 
 
 if __name__ == "__main__":
