@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from pathswarm.jsonfile import write_json_atomic
 from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.model.data import load_documents
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, SwarmSpec
@@ -39,6 +39,5 @@ def machine() -> dict:
 
 
 def write_json(path: str, payload: dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(payload, indent=1))
+    write_json_atomic(path, payload)
     print(f"wrote {path}")

@@ -6,7 +6,6 @@ on stderr and exit code 2; `--debug` shows the traceback instead.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from pathlib import Path
 import click
 
 from pathswarm import __version__
+from pathswarm.jsonfile import write_json_atomic
 from pathswarm.protocol.spec import SpecError, SwarmSpec, load_spec
 
 EXIT_USAGE = 2
@@ -54,8 +54,7 @@ def _load_spec_option(path: str) -> SwarmSpec:
 
 def _write_json(path: str | None, payload: dict) -> None:
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(payload, indent=1, sort_keys=True), encoding="utf-8")
+        write_json_atomic(path, payload, sort_keys=True)
         click.echo(f"wrote {path}")
 
 

@@ -9,11 +9,11 @@ module's replicas are bit-identical. `--simulated` runs the same algorithm in on
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.console import Console
 
+from pathswarm.jsonfile import write_json_atomic
 from pathswarm.node.app.fmt import fmt_bytes, save_figure
 from pathswarm.node.app.progress import run_with_progress
 from pathswarm.node.app.swarm_init import format_init_report, init_spec
@@ -54,9 +54,7 @@ def run_simulated_demo(rounds: int, inner_steps: int, out_dir: Path, json_path: 
     result = run_with_progress(spec, cfg, console)
     json_path = json_path or out_dir / "demo.json"
     plot_path = plot_path or out_dir / "demo.png"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps({**result.to_json(), "rounds_completed": len(result.rounds)}, indent=1),
-                         encoding="utf-8")
+    write_json_atomic(json_path, {**result.to_json(), "rounds_completed": len(result.rounds)})
     plot_losses(result, plot_path)
     console.print(f"spec {spec_path} · checkpoint {out_dir / 'checkpoint'} · JSON {json_path} · plot {plot_path}")
     console.print(f"next: pathswarm eval --spec {spec_path} --checkpoint {out_dir / 'checkpoint'}")
@@ -181,8 +179,7 @@ def run_demo(nodes: int, rounds: int, inner_steps: int, out_dir: Path, json_path
     console.print(table)
     json_path = json_path or out_dir / "demo.json"
     plot_path = plot_path or out_dir / "demo.png"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    write_json_atomic(json_path, summary)
     plot_node_curves(summary, plot_path)
     console.print(f"spec {spec_path} · JSON {json_path} · plot {plot_path} · logs {out_dir / 'swarm'}")
     return summary

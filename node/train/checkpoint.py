@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from pathswarm.jsonfile import fsync_dir, write_json_atomic, write_text_atomic
 from pathswarm.node.model.model import new_module
 from pathswarm.node.train.outer import state_digest
 from pathswarm.protocol.spec import SwarmSpec
@@ -65,24 +66,6 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def module_digest(state: ModuleState) -> str:
     """Same digest as `OuterState.digest` for the same anchor, momentum and round."""
     return state_digest(state.flat_weights(), state.momentum, state.round)
@@ -108,12 +91,12 @@ def save_checkpoint(root: str | Path, spec: SwarmSpec, round_: int, modules: dic
             os.fsync(f.fileno())
         manifest["modules"][mid] = {"file": path.name, "sha256": _sha256_file(path), "round": st.round,
                                     "digest": module_digest(st)}
-    _write_atomic_text(tmp / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+    write_json_atomic(tmp / "manifest.json", manifest, sort_keys=True, durable=True)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
-    _write_atomic_text(root / "LATEST", name + "\n")
+    fsync_dir(root)
+    write_text_atomic(root / "LATEST", name + "\n", durable=True)
     _prune(root, keep=KEEP_ROUNDS)
     return final
 

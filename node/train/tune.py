@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import click
 import numpy as np
 
+from pathswarm.jsonfile import write_json_atomic
 from pathswarm.protocol.spec import SwarmSpec
 
 if TYPE_CHECKING:
@@ -322,8 +323,6 @@ def tune_command(**options) -> None:
 
 def _tune(spec_path: str, widths: str, lrs: str | None, grid: int, steps: int, seeds: int, eval_batches: int,
           json_path: str | None, write: bool) -> None:
-    import json
-
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -374,6 +373,5 @@ def _tune(spec_path: str, widths: str, lrs: str | None, grid: int, steps: int, s
     if json_path:
         report.update(spec=spec_path, steps=steps, widths=list(cfg.widths), written=write,
                       previous_lr=spec.inner.lr)
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(report, indent=1), encoding="utf-8")
+        write_json_atomic(json_path, report)
         click.echo(f"wrote {json_path}")
