@@ -37,7 +37,7 @@ from _swarm_common import machine, write_json
 from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.model.data import Document, TokenSampler, load_documents, split
 from pathswarm.node.model.model import count_module_params, path_param_count
-from pathswarm.node.model.router import assignment_table, route_many
+from pathswarm.node.model.router import assignment_table, documents_by_path
 from pathswarm.node.train.checkpoint import load_checkpoint
 from pathswarm.node.train.evaluate import model_from_checkpoint
 from pathswarm.node.train.inner import evaluate_loss
@@ -59,10 +59,10 @@ def make_spec(docs: list[Document], levels: tuple[int, ...], layers: int, args) 
 
 def eval_groups(swarm: SwarmSpec, val: list[Document]) -> dict[tuple[str, tuple[int, ...]], list]:
     """(topic, routed path of the swarm) → fixed validation batches covering all of those documents."""
-    assign = route_many([d.text for d in val], swarm.router)
     groups: dict[tuple[str, tuple[int, ...]], list[Document]] = {}
-    for d, a in zip(val, assign, strict=True):
-        groups.setdefault((d.label, swarm.path_of_index(int(a))), []).append(d)
+    for path, docs in documents_by_path(swarm, val).items():
+        for d in docs:
+            groups.setdefault((d.label, path), []).append(d)
     ctx = swarm.model.context_len
     return {key: list(TokenSampler(docs, ctx).eval_batches(EVAL_BATCH, 10**6)) for key, docs in sorted(groups.items())}
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pathswarm.node.model.data import Document
-from pathswarm.protocol.spec import RouterSpec, SwarmSpec
+from pathswarm.protocol.spec import RouterSpec, SwarmSpec, format_path
 
 CENTROID_DECIMALS = 6
 """Centroids are rounded to this many decimals, so the TOML stays readable and round-trips exactly."""
@@ -117,12 +117,24 @@ def route(text: str, spec_or_router: SwarmSpec | RouterSpec) -> int:
     return int(route_many([text], spec_or_router)[0])
 
 
-def documents_of_path(docs: Sequence[Document], spec: SwarmSpec, path_index: int) -> list[Document]:
-    """The documents a node serving `path_index` trains on, in their original order."""
-    if not 0 <= path_index < spec.n_paths:
-        raise ValueError(f"path index {path_index} out of range 0..{spec.n_paths - 1}")
-    paths = route_many([d.text for d in docs], spec)
-    return [d for d, p in zip(docs, paths, strict=True) if p == path_index]
+def documents_by_path(spec: SwarmSpec, docs: Sequence[Document]) -> dict[tuple[int, ...], list[Document]]:
+    """Every path of the spec (in canonical order) → the documents the router sends to it, in their
+    original order; a path no document goes to gets an empty list. One routing pass over `docs`."""
+    by_path: dict[tuple[int, ...], list[Document]] = {p: [] for p in spec.paths()}
+    for d, index in zip(docs, route_many([d.text for d in docs], spec), strict=True):
+        by_path[spec.path_of_index(int(index))].append(d)
+    return by_path
+
+
+def documents_of_path(spec: SwarmSpec, docs: Sequence[Document], path: tuple[int, ...],
+                      allow_empty: bool = False) -> list[Document]:
+    """The documents a node serving `path` trains on (or is scored on), in their original order.
+    ValueError when the router sends none there, unless `allow_empty`."""
+    spec.check_path(path)
+    mine = documents_by_path(spec, docs)[tuple(path)]
+    if not mine and not allow_empty:
+        raise ValueError(f"no documents are routed to path {format_path(path)} in this corpus")
+    return mine
 
 
 def assignment_table(docs: Sequence[Document], router: RouterSpec, spec: SwarmSpec) -> dict:

@@ -14,7 +14,7 @@ import torch
 
 from pathswarm.node.model.data import Document, TokenSampler, decode_tokens, encode_text, load_documents, split
 from pathswarm.node.model.model import PathModel, build_path
-from pathswarm.node.model.router import route, route_many
+from pathswarm.node.model.router import documents_by_path, route
 from pathswarm.node.train.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from pathswarm.node.train.inner import evaluate_loss
 from pathswarm.protocol.spec import SwarmSpec, format_path
@@ -53,11 +53,10 @@ def routed_eval(spec: SwarmSpec, ckpt: Checkpoint, docs: list[Document] | None =
     """Routed validation loss per servable path and overall (token-weighted)."""
     docs = docs if docs is not None else load_documents(spec.data)
     _, val = split(docs, spec.data.val_fraction)
-    assign = route_many([d.text for d in val], spec.router)
+    by_path = documents_by_path(spec, val)
     rows: list[PathEval] = []
     for path in servable_paths(spec, ckpt):
-        idx = spec.index_of_path(path)
-        mine = [d for d, a in zip(val, assign, strict=True) if int(a) == idx]
+        mine = by_path[path]
         if not mine:
             rows.append(PathEval(format_path(path), 0, 0, float("nan")))
             continue

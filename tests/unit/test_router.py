@@ -12,6 +12,7 @@ from pathswarm.node.model.data import Document, load_bbc, split, synthetic_corpu
 from pathswarm.node.model.router import (
     CENTROID_DECIMALS,
     assignment_table,
+    documents_by_path,
     documents_of_path,
     features,
     features_many,
@@ -90,9 +91,22 @@ def test_route_matches_route_many_and_accepts_spec_or_router(fitted, synthetic):
     many = route_many(texts, fitted)
     assert many.tolist() == [route(t, fitted) for t in texts] == [route(t, fitted.router) for t in texts]
     assert route_many([], fitted).shape == (0,)
-    for i in range(fitted.n_paths):
-        assert all(route(d.text, fitted) == i for d in documents_of_path(synthetic, fitted, i))
-    assert sum(len(documents_of_path(synthetic, fitted, i)) for i in range(4)) == len(synthetic)
+    by_path = documents_by_path(fitted, synthetic)
+    assert list(by_path) == fitted.paths()
+    for i, path in enumerate(fitted.paths()):
+        assert all(route(d.text, fitted) == i for d in by_path[path])
+        assert documents_of_path(fitted, synthetic, path) == by_path[path]
+    assert sum(len(docs) for docs in by_path.values()) == len(synthetic)
+    assert sorted(synthetic, key=lambda d: d.text) == sorted(sum(by_path.values(), []), key=lambda d: d.text)
+
+
+def test_a_path_no_document_goes_to_is_empty_or_an_error(fitted, synthetic):
+    sent_to_0 = documents_of_path(fitted, synthetic, (0, 0))
+    assert documents_of_path(fitted, sent_to_0, (1, 1), allow_empty=True) == []
+    with pytest.raises(ValueError, match="no documents are routed to path 1.1"):
+        documents_of_path(fitted, sent_to_0, (1, 1))
+    with pytest.raises(ValueError, match="does not fit levels"):
+        documents_of_path(fitted, synthetic, (2, 0))
 
 
 def test_route_ties_go_to_lowest_index_and_unfitted_router_is_refused():
