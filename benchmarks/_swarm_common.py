@@ -14,9 +14,9 @@ from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.model.data import load_documents
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, SwarmSpec
 
-# The harnesses the unit tests share with the benchmarks live in tests/ (tests/fuzzing.py): the repository
-# root goes on the path, last (its pathswarm/ folder must not shadow the installed package), so that
-# `from tests.… import …` works in a benchmark that imports this module first.
+# The harnesses the unit tests share with the benchmarks live in tests/ (tests/fuzzing.py, tests/attacks.py):
+# the repository root goes on the path, last (its pathswarm/ folder must not shadow the installed package),
+# so that `from tests.… import …` works in a benchmark that imports this module first.
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))

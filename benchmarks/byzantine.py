@@ -23,10 +23,10 @@ from pathlib import Path
 from _swarm_common import machine, write_json
 
 from pathswarm.node.app.swarm_init import init_spec
-from pathswarm.node.attacks import KINDS, attacker
 from pathswarm.node.model.data import load_documents
 from pathswarm.node.train.simulate import SimConfig, run_simulation
 from pathswarm.protocol.spec import AveragingSpec, DataSpec, InnerOptSpec, ModelSpec, SwarmSpec
+from tests.attacks import KINDS, attacker
 
 RESULTS = Path(__file__).parent / "results"
 TOLERANCE = 0.02

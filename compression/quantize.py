@@ -17,7 +17,7 @@ entropy coder packs the int8 values into fewer bits. target_error = 0 gives plai
 decoder needs none of this, it multiplies by the stored scale.
 
 bitsandbytes' blockwise kernels were measured here as the alternative: on CPU they run at a fraction
-of these torch ops' speed, so they serve only as the benchmark's baseline. `reference.py` is a plain
+of these torch ops' speed, so they serve only as the benchmark's baseline. tests/unit/codec_reference.py is a plain
 float64 implementation of the same rule that the tests compare this one to.
 """
 

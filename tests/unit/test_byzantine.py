@@ -4,10 +4,10 @@ robust rule the honest replicas end where a clean run with the same seed ends; w
 
 import pytest
 
-from pathswarm.node.attacks import KINDS, attacker
 from pathswarm.node.train.simulate import SimConfig, run_simulation
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec
 
+from ..attacks import KINDS, attacker
 from ..conftest import tiny_spec
 
 H = 10

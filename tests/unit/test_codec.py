@@ -14,7 +14,8 @@ from torch.distributions import Laplace, StudentT
 from pathswarm.compression import CodecError, ErrorFeedback, decode, encode
 from pathswarm.compression.frame import FIXED_HEADER_BYTES, checksum
 from pathswarm.compression.quantize import dequantize, quantize, scale_limit
-from pathswarm.compression.reference import bf16_ceil, dequantize_reference, quantize_reference
+
+from .codec_reference import bf16_ceil, dequantize_reference, quantize_reference
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

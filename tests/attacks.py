@@ -1,4 +1,5 @@
-"""Hostile outer gradients, for the tests and the benchmark of robust aggregation (benchmarks/byzantine.py).
+"""Hostile outer gradients, for the test and the benchmark of robust aggregation (tests/unit/test_byzantine.py,
+benchmarks/byzantine.py).
 
 A `Tamper` for `run_simulation`: one worker (the attacker) replaces the frame it would send for every
 module with one of these, built from its honest outer gradient Δ:
