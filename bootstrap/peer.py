@@ -32,28 +32,27 @@ def run_bootstrap(spec: SwarmSpec, host_maddrs: list[str], ready_file: str = "",
     """Serve the swarm's DHT and spec until SIGINT/SIGTERM (or `stop`); returns the exit code.
 
     `initial_peers`: other bootstrap peers of the swarm to connect to (several can serve one swarm)."""
-    from pathswarm.protocol.dht import start_dht
+    from pathswarm.protocol.net import SERVED_TTL_S, start_net
 
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-    from pathswarm.protocol.dht import SERVED_TTL_S, announce_served_swarm
     from pathswarm.protocol.netloop import NetLoop
     from pathswarm.protocol.spec_share import SpecServer, announce_spec_server
 
     identity_path = ensure_identity(Path(identity) if identity else default_identity(spec))
-    sdht = start_dht(list(initial_peers), host_maddrs, spec=spec, identity_path=str(identity_path),
+    sdht = start_net(list(initial_peers), host_maddrs, spec=spec, identity_path=str(identity_path),
                      announce_maddrs=announce_maddrs)
     net = NetLoop("pathswarm-bootstrap")
 
     def announce() -> None:
-        announce_served_swarm(sdht, spec)
-        announce_spec_server(sdht.dht, spec.swarm_id, sdht.peer_id, sdht.owner)
+        sdht.announce_served_swarm(spec)
+        announce_spec_server(sdht, spec.swarm_id)
 
     try:
-        p2p = net.run(sdht.dht.replicate_p2p(), 30)
-        net.run(SpecServer([spec]).start(p2p), 30)
+        streams = net.run(sdht.streams(), 30)
+        net.run(SpecServer([spec]).start(streams), 30)
         announce()
         maddrs = sdht.visible_maddrs()
         logger.info("bootstrap peer of swarm %s… at %s", spec.swarm_id[:12], " ".join(maddrs))

@@ -33,11 +33,11 @@ def default_owner_key(owner_key: str) -> Path:
 
 def ensure_identity(path: Path) -> Path:
     """Create the identity on first use (mode 0600); refuse one that is unreadable or readable by others."""
-    from hivemind.p2p import P2P
+    from pathswarm.protocol.net import generate_identity
 
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not path.exists():
-        P2P.generate_identity(str(path))
+        generate_identity(str(path))
         os.chmod(path, 0o600)
     try:
         with open(path, "rb"):
@@ -51,11 +51,13 @@ def ensure_identity(path: Path) -> Path:
 
 def peer_id_of_identity(path: Path) -> str:
     """The peer id (base58) an identity file gives; ValueError if it is not an identity."""
-    from hivemind.p2p import PeerID
+    from pathswarm.protocol.net import peer_id_of_identity_bytes
 
     try:
-        return PeerID.from_identity(path.read_bytes()).to_base58()
+        data = path.read_bytes()
     except OSError as e:
         raise ValueError(f"identity file {path} is unreadable ({e.strerror})") from None
-    except Exception:  # protobuf / key parsing raise assorted types
+    try:
+        return peer_id_of_identity_bytes(data)
+    except ValueError:
         raise ValueError(f"{path} is not a libp2p identity file") from None

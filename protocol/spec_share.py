@@ -14,9 +14,7 @@ import logging
 import re
 from collections.abc import Iterable
 
-from hivemind.p2p import P2P, PeerID
-from hivemind.utils import get_dht_time
-
+from pathswarm.protocol.net import PeerStreams, SwarmNet, as_streams, dht_time
 from pathswarm.protocol.ratelimit import RateLimiter
 from pathswarm.protocol.spec import SpecError, SwarmSpec, loads_spec
 from pathswarm.protocol.wire import WireError, read_message, write_message
@@ -58,12 +56,12 @@ class SpecServer:
         self.texts = {spec.swarm_id: spec.to_toml().encode() for spec in specs}
         self.limiter = RateLimiter(rate=0.5, burst=8)  # a joiner needs one; a spec can be megabytes
 
-    async def start(self, p2p: P2P) -> None:
-        await p2p.add_binary_stream_handler(SPEC_HANDLER, self._on_request)
+    async def start(self, streams: PeerStreams) -> None:
+        await as_streams(streams).serve(SPEC_HANDLER, self._on_request)
 
-    async def _on_request(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _on_request(self, caller: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            if not self.limiter.allow(info.peer_id.to_base58()):
+            if not self.limiter.allow(caller):
                 await write_message(writer, {"status": "refused", "reason": "rate limited"})
                 return
             header, _ = await read_message(reader, 0)
@@ -73,31 +71,34 @@ class SpecServer:
             else:
                 await write_message(writer, {"status": "ok"}, text)
         except (WireError, ConnectionError, asyncio.IncompleteReadError) as e:
-            logger.info("spec request from %s failed: %s", info.peer_id.to_base58()[-8:], e)
+            logger.info("spec request from %s failed: %s", caller[-8:], e)
         finally:
             writer.close()
 
 
-def announce_spec_server(dht, swarm_id: str, peer_id: str, owner: bytes) -> bool:
-    """List this peer as a server of the swarm's spec (renew within SERVER_TTL_S)."""
-    return bool(dht.store(servers_key(swarm_id), peer_id, get_dht_time() + SERVER_TTL_S, subkey=owner))
+def announce_spec_server(net: SwarmNet, swarm_id: str, peer_id: str = "", owner: bytes = b"") -> bool:
+    """List this peer as a server of the swarm's spec (renew within SERVER_TTL_S).
+
+    `peer_id` and `owner`: COMPATIBILITY SHIM for callers that pass hivemind's DHT (`sdht.dht`) instead of
+    the SwarmNet; delete them once node/peer/ passes the SwarmNet."""
+    peer_id, owner = peer_id or net.peer_id, owner or net.owner
+    return bool(net.store(servers_key(swarm_id), peer_id, dht_time() + SERVER_TTL_S, subkey=owner))
 
 
-def spec_servers(dht, swarm_id: str) -> list[str]:
+def spec_servers(net: SwarmNet, swarm_id: str) -> list[str]:
     """Peer ids that listed themselves as servers of the swarm's spec (unverified: the spec is checked)."""
-    found = dht.get(servers_key(swarm_id), latest=True)
-    value = getattr(found, "value", None)
+    value = net.get(servers_key(swarm_id))
     if not isinstance(value, dict):
         return []
-    peers = [getattr(item, "value", None) for item in value.values()]
+    peers = list(value.values())
     return sorted({p for p in peers if isinstance(p, str) and re.fullmatch(r"[0-9A-Za-z]{1,128}", p)})
 
 
-async def fetch_spec_from(p2p: P2P, peer_id: str, swarm_id: str, timeout_s: float) -> SwarmSpec:
+async def fetch_spec_from(streams: PeerStreams, peer_id: str, swarm_id: str, timeout_s: float) -> SwarmSpec:
     """The spec of `swarm_id` as served by `peer_id`; raises ValueError saying what went wrong."""
 
     async def go():
-        _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), SPEC_HANDLER)
+        reader, writer = await streams.open(peer_id, SPEC_HANDLER)
         try:
             await write_message(writer, {"swarm_id": swarm_id})
             return await read_message(reader, MAX_SPEC_BYTES)
@@ -121,7 +122,7 @@ async def fetch_spec_from(p2p: P2P, peer_id: str, swarm_id: str, timeout_s: floa
     return spec
 
 
-async def fetch_spec(p2p: P2P, dht, swarm_id: str, initial_peers: Iterable[str],
+async def fetch_spec(streams: PeerStreams, net: SwarmNet, swarm_id: str, initial_peers: Iterable[str],
                      timeout_s: float = 20.0, patience_s: float = 60.0) -> SwarmSpec:
     """Ask the initial peers, then the DHT's listed servers, for the spec; first verified answer wins.
 
@@ -132,10 +133,10 @@ async def fetch_spec(p2p: P2P, dht, swarm_id: str, initial_peers: Iterable[str],
     while True:
         tried: list[str] = []
         definite = False
-        listed = await asyncio.get_running_loop().run_in_executor(None, spec_servers, dht, swarm_id)
+        listed = await asyncio.get_running_loop().run_in_executor(None, spec_servers, net, swarm_id)
         for peer in initial + [p for p in listed if p not in initial]:
             try:
-                return await fetch_spec_from(p2p, peer, swarm_id, timeout_s)
+                return await fetch_spec_from(streams, peer, swarm_id, timeout_s)
             except SpecUnknown as e:
                 tried.append(str(e))
                 definite = True

@@ -89,26 +89,21 @@ def _save_cached_spec(spec: SwarmSpec) -> None:
 
 
 def fetch_spec_via_dht(swarm_id: str, initial_peers: tuple[str, ...], timeout_s: float = 20.0) -> SwarmSpec:
-    """Start a short-lived DHT client, ask the swarm for its spec, stop it."""
-    from pathswarm.protocol.dht import start_dht
+    """Start a short-lived DHT client, ask the swarm for its spec, stop it (a NetStartError if it cannot start)."""
+    from pathswarm.protocol.net import start_net
     from pathswarm.protocol.netloop import NetLoop
     from pathswarm.protocol.spec_share import fetch_spec
 
+    swarm_net = start_net(list(initial_peers), client_mode=True)
+    loop = NetLoop("pathswarm-join")
     try:
-        sdht = start_dht(list(initial_peers), client_mode=True)
-    except Exception as e:  # p2pd raises several types for "nobody answered"
-        raise JoinError(f"none of the initial peers answered ({', '.join(initial_peers)}): "
-                        f"{str(e).splitlines()[-1][:160] if str(e) else type(e).__name__}; check the addresses "
-                        "(including their /p2p/ id), that a peer runs there, and your firewall") from None
-    net = NetLoop("pathswarm-join")
-    try:
-        p2p = net.run(sdht.dht.replicate_p2p(), 30)
-        return net.run(fetch_spec(p2p, sdht.dht, swarm_id, initial_peers, timeout_s), 300)
+        streams = loop.run(swarm_net.streams(), 30)
+        return loop.run(fetch_spec(streams, swarm_net, swarm_id, initial_peers, timeout_s), 300)
     except ValueError as e:
         raise JoinError(str(e)) from None
     finally:
-        net.stop()
-        sdht.shutdown()
+        loop.stop()
+        swarm_net.shutdown()
 
 
 def resolve_swarm(swarm: str | None, join: str | None,

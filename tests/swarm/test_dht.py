@@ -35,6 +35,7 @@ from pathswarm.protocol.dht import (
     start_dht,
     withdraw_claim,
 )
+from pathswarm.protocol.net import SwarmNet
 from pathswarm.protocol.path_choice import choose_path
 from pathswarm.protocol.records import (
     ModuleAnnouncement,
@@ -181,7 +182,7 @@ def test_bad_records_read_are_dropped_with_one_log_line_each(caplog):
 
     def fake(value):
         dht = types.SimpleNamespace(get=lambda key, latest: ValueWithExpiration(value, get_dht_time() + 60))
-        return types.SimpleNamespace(dht=dht)
+        return SwarmNet(dht, owner=b"", peer_id="")  # the seam around a DHT that answers `value`
 
     caplog.set_level(logging.INFO, logger="pathswarm.protocol.dht")
     items = {k: ValueWithExpiration(v, get_dht_time() + 60) for k, v in found.items()}
