@@ -1,7 +1,10 @@
-"""Shared set-up of the networked benchmarks: a spec on the default corpus with a chosen H."""
+"""What every benchmark shares: its command line (--json, --plot, --replot), the machine it ran on,
+writing its results and figure; and, for the networked ones, a spec on the default corpus with a chosen H."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import sys
@@ -10,6 +13,7 @@ from pathlib import Path
 import torch
 
 from pathswarm.jsonfile import write_json_atomic
+from pathswarm.node.app.fmt import write_figure
 from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.model.data import load_documents
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, SwarmSpec
@@ -20,6 +24,22 @@ from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, SwarmSpec
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))
+
+RESULTS = Path(__file__).parent / "results"
+"""Where the committed results and figures live."""
+
+
+def arguments(doc: str, name: str = "", plot: bool = False, replot: bool = False) -> argparse.ArgumentParser:
+    """A benchmark's command line, its module docstring as --help. With `name`: --json (default
+    results/NAME.json); with `plot`: --plot (results/NAME.png); with `replot`: --replot."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if name:
+        ap.add_argument("--json", default=str(RESULTS / f"{name}.json"), help="write the results here")
+    if plot:
+        ap.add_argument("--plot", default=str(RESULTS / f"{name}.png"), help="draw the figure here")
+    if replot:
+        ap.add_argument("--replot", action="store_true", help="only redraw --plot from the results in --json")
+    return ap
 
 
 def write_spec(directory: Path, inner_steps: int, name: str = "bench", grace_s: float = 30.0) -> tuple[SwarmSpec, Path]:
@@ -40,4 +60,15 @@ def machine() -> dict:
 
 def write_json(path: str, payload: dict) -> None:
     write_json_atomic(path, payload)
+    print(f"wrote {path}")
+
+
+def read_json(path: str) -> dict:
+    """Results written by an earlier run (--replot)."""
+    return json.loads(Path(path).read_text())
+
+
+def save_plot(fig, path: str | Path) -> None:
+    """Write a benchmark's figure (PNG, 120 dpi) and say so."""
+    write_figure(fig, path, dpi=120)
     print(f"wrote {path}")

@@ -16,19 +16,18 @@ decoding whatever the rule). The loss is measured on the worker-0 replica (all r
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
-from _swarm_common import machine, write_json
+from _swarm_common import arguments, machine, save_plot, write_json
 
+from pathswarm.node.app.fmt import subplots
 from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.model.data import load_documents
 from pathswarm.node.train.simulate import SimConfig, run_simulation
 from pathswarm.protocol.spec import AveragingSpec, DataSpec, InnerOptSpec, ModelSpec, SwarmSpec
 from tests.attacks import KINDS, attacker
 
-RESULTS = Path(__file__).parent / "results"
 TOLERANCE = 0.02
 WORKERS = 4
 ATTACKER = WORKERS - 1
@@ -59,13 +58,8 @@ def run_arm(name: str, spec: SwarmSpec, docs, attack: str, args) -> dict:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     arms = report["arms"]
-    fig, ax = plt.subplots(figsize=(9, 4.2))
+    fig, ax = subplots(figsize=(9, 4.2))
     names = [a["arm"] for a in arms]
     ratios = [a["ratio_to_clean"] for a in arms]
     colors = ["tab:green" if a["rule"] == "robust" else "tab:red" for a in arms]
@@ -76,15 +70,11 @@ def plot(report: dict, path: Path) -> None:
     ax.set_ylim(0.9, min(max(ratios) * 1.05, 3.0))
     ax.set_title("1 hostile worker of 4: robust merge (green) vs plain mean (red)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    save_plot(fig, path)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", default=str(RESULTS / "byzantine.json"))
-    ap.add_argument("--plot", default=str(RESULTS / "byzantine.png"))
+    ap = arguments(__doc__, "byzantine", plot=True)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--context-len", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=20)

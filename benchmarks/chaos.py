@@ -39,7 +39,6 @@ shows that the CPU kept up. Without a cap (`--max-tokens-per-s 0`) nodes are pin
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -48,15 +47,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from _swarm_common import machine, write_json
+from _swarm_common import arguments, machine, save_plot, write_json
 
+from pathswarm.node.app.fmt import subplots
 from pathswarm.node.app.local_swarm import LocalSwarm, replicas_identical
 from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.model.data import load_documents
 from pathswarm.node.train.checkpoint import CheckpointError, load_checkpoint
 from pathswarm.protocol.spec import AveragingSpec, DataSpec, InnerOptSpec, ModelSpec, SwarmSpec
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def make_spec(directory: Path, args) -> tuple[SwarmSpec, Path]:
@@ -274,12 +272,7 @@ def load_spec_cached(path):
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.4))
+    fig, ax = subplots(figsize=(8, 4.4))
     styles = {"decoupled": "tab:green", "sync": "tab:red"}
     for arm in report["arms"]:
         ts, toks = zip(*arm["timeline"], strict=True) if arm["timeline"] else ((), ())
@@ -293,15 +286,11 @@ def plot(report: dict, path: Path) -> None:
     ax.set_title("goodput: " + ", ".join(f"{mode} {g:.2f}" for mode, g in report["goodput"].items()))
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    save_plot(fig, path)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", default=str(RESULTS / "chaos.json"))
-    ap.add_argument("--plot", default=str(RESULTS / "chaos.png"))
+    ap = arguments(__doc__, "chaos", plot=True)
     ap.add_argument("--nodes", type=int, default=4, help="the committed run uses 8")
     ap.add_argument("--seconds", type=float, default=300.0, help="wall time of each arm after the swarm formed")
     ap.add_argument("--mean-gap-s", type=float, default=30.0, help="mean time between faults, swarm-wide")

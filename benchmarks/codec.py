@@ -13,7 +13,6 @@ worker processes (counts of outcomes; any exception other than CodecError is a f
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import multiprocessing
@@ -29,7 +28,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import zstandard
-from _swarm_common import machine, write_json
+from _swarm_common import arguments, machine, write_json
 
 from pathswarm.compression import (
     DEFAULT_BLOCK_SIZE,
@@ -323,7 +322,7 @@ def markdown(report: dict) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = arguments(__doc__)
     p.add_argument("--json", default="", help="write the report here")
     p.add_argument("--gaussian-values", type=int, default=25_000_000, help="size of dataset (a)")
     p.add_argument("--width", type=int, default=256, help="model width for the real pseudo-gradient (b)")

@@ -17,16 +17,15 @@ The final loss is measured on the same 2,048 validation windows of BBC News for 
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from _swarm_common import machine, write_json
+from _swarm_common import arguments, machine, read_json, save_plot, write_json
 
+from pathswarm.node.app.fmt import subplots
 from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.model.data import TokenSampler, load_documents, split
 from pathswarm.node.model.model import path_param_count
@@ -36,7 +35,6 @@ from pathswarm.node.train.inner import evaluate_loss
 from pathswarm.node.train.simulate import SimConfig, run_simulation
 from pathswarm.protocol.spec import DataSpec, InnerOptSpec, ModelSpec, OuterOptSpec, SwarmSpec
 
-RESULTS = Path(__file__).parent / "results"
 WORKERS = 4
 TOLERANCE = 0.02
 
@@ -84,12 +82,7 @@ def run_arm(spec: SwarmSpec, docs, mode: str, workers: int, h: int, total_steps:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax, bx) = subplots(1, 2, figsize=(11, 4.2))
     for arm in result["arms"]:
         xs = [p["inner_steps"] for p in arm["curve"]]
         style = {"sync": "k-", "1 worker, no communication": "k:"}.get(arm["label"], "-")
@@ -115,13 +108,11 @@ def plot(result: dict, path: Path) -> None:
     bx.set_ylabel("final val loss vs sync (%)")
     bx.set_title("DiLoCo final loss relative to synchronous")
     bx.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    save_plot(fig, path)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__, "diloco_vs_sync", plot=True, replot=True)
     ap.add_argument("--inner-steps", default="10,50,100", help="comma-separated H values")
     ap.add_argument("--total-steps", type=int, default=1500, help="inner steps per worker in every arm")
     ap.add_argument("--eval-every", type=int, default=50, help="sync arm: evaluate every this many steps")
@@ -136,12 +127,9 @@ def main() -> None:
                     help="also run DiLoCo at this H with plain parameter averaging as the outer step (0: no)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", default=str(RESULTS / "diloco_vs_sync.json"))
-    ap.add_argument("--plot", default=str(RESULTS / "diloco_vs_sync.png"))
-    ap.add_argument("--replot", action="store_true", help="only redraw --plot from the results in --json")
     args = ap.parse_args()
     if args.replot:
-        return plot(json.loads(Path(args.json).read_text()), Path(args.plot))
+        return plot(read_json(args.json), Path(args.plot))
     torch.set_num_threads(args.threads)
     hs = [int(h) for h in args.inner_steps.split(",")]
     if any(args.total_steps % h for h in hs + [args.eval_every, args.averaging_arm or 1]):

@@ -23,7 +23,6 @@ a DiPaCo document is scored by the path the router picks for it, a dense one by 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import random
@@ -32,8 +31,9 @@ import time
 from pathlib import Path
 
 import torch
-from _swarm_common import machine, write_json
+from _swarm_common import arguments, machine, read_json, save_plot, write_json
 
+from pathswarm.node.app.fmt import subplots
 from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.model.data import Document, TokenSampler, load_documents, split
 from pathswarm.node.model.model import count_module_params, path_param_count
@@ -44,7 +44,6 @@ from pathswarm.node.train.inner import evaluate_loss
 from pathswarm.node.train.simulate import SimConfig, run_simulation
 from pathswarm.protocol.spec import DataSpec, InnerOptSpec, ModelSpec, SwarmSpec, format_path
 
-RESULTS = Path(__file__).parent / "results"
 EVAL_BATCH = 32
 
 
@@ -106,14 +105,9 @@ def run_arm(name: str, spec: SwarmSpec, cfg: SimConfig, docs: list[Document], gr
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     arms = result["arms"]
     colors = {"dipaco": "tab:red", "dense-path": "tab:blue", "dense-path-diloco": "tab:cyan", "dense-large": "black"}
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.4))
+    fig, (ax, bx) = subplots(1, 2, figsize=(12, 4.4))
     for arm in arms:
         ax.plot([p["inner_steps"] for p in arm["curve"]], [p["val_loss"] for p in arm["curve"]], "-",
                 color=colors.get(arm["name"]), label=f"{arm['name']} ({arm['params_total'] / 1e3:.0f}k params)")
@@ -137,13 +131,11 @@ def plot(result: dict, path: Path) -> None:
     bx.set_title("final loss per topic, whole validation split")
     bx.legend(fontsize=8, ncol=2, loc="upper center")
     fig.suptitle("DiPaCo 2x2 routed paths vs dense models on BBC News")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    save_plot(fig, path)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__, "dipaco_vs_dense", plot=True, replot=True)
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--inner-steps", type=int, default=50, help="H")
     ap.add_argument("--width", type=int, default=64)
@@ -154,12 +146,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--arms", default="dipaco,dense-path,dense-path-diloco,dense-large")
-    ap.add_argument("--json", default=str(RESULTS / "dipaco_vs_dense.json"))
-    ap.add_argument("--plot", default=str(RESULTS / "dipaco_vs_dense.png"))
-    ap.add_argument("--replot", action="store_true", help="only redraw --plot from the results in --json")
     args = ap.parse_args()
     if args.replot:
-        return plot(json.loads(Path(args.json).read_text()), Path(args.plot))
+        return plot(read_json(args.json), Path(args.plot))
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     docs = load_documents(DataSpec(corpus="bbc"))

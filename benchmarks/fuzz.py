@@ -22,7 +22,6 @@ counts of inputs built from them vary slightly between runs.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import random
 import resource
@@ -32,7 +31,7 @@ import time
 from collections import Counter
 
 import torch
-from _swarm_common import machine, write_json
+from _swarm_common import arguments, machine, write_json
 from codec import HANG_SECONDS, error_kind
 
 from tests.fuzzing import FRAME_MAX_ELEMENTS, FUZZERS, LOOP, Fuzzer, outcome
@@ -81,8 +80,7 @@ def fuzz_one(fuzzer: Fuzzer, count: int, seed: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", default="benchmarks/results/fuzz.json")
+    ap = arguments(__doc__, "fuzz")
     ap.add_argument("--per-parser", type=int, default=100_000, help="inputs per parser")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default="", help="comma-separated parser names (default: all)")

@@ -20,19 +20,18 @@ to see it); the generated corpus gives a clean U-shaped curve in the same budget
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
 
 import torch
-from _swarm_common import machine, write_json
+from _swarm_common import arguments, machine, read_json, save_plot, write_json
 
+from pathswarm.node.app.fmt import subplots
 from pathswarm.node.model.data import load_documents
 from pathswarm.node.train.tune import SweepConfig, Trial, sweep, sweep_report
 from pathswarm.protocol.spec import DataSpec, InnerOptSpec, ModelSpec, SwarmSpec
 
-RESULTS = Path(__file__).parent / "results"
 PARAMETRIZATIONS = ("mup", "sp")
 
 
@@ -46,17 +45,14 @@ def base_spec(corpus: str, layers: int, context_len: int, batch_size: int) -> Sw
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+    fig, axes = subplots(1, 2, figsize=(11, 4.4), sharey=True)
     finite = [v for par in PARAMETRIZATIONS for row in result["sweeps"][par]["val_loss"].values() for v in row
               if v is not None]
     lo = min(finite)
     for ax, par in zip(axes, PARAMETRIZATIONS, strict=True):
         rep = result["sweeps"][par]
         lrs = rep["lrs"]
-        cmap = plt.get_cmap("viridis")
+        cmap = matplotlib.colormaps["viridis"]
         widths = list(rep["val_loss"])
         for i, w in enumerate(widths):
             color = cmap(i / max(1, len(widths) - 1))
@@ -74,9 +70,7 @@ def plot(result: dict, path: Path) -> None:
     axes[0].legend()
     axes[0].set_ylim(lo - 0.06, min(max(finite), lo + 1.2))
     fig.suptitle("muTransfer: loss vs learning rate per width (stars: argmin, triangles: fitted optimum)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    save_plot(fig, path)
 
 
 def summarise(sweeps: dict, config: dict, wall_s: float) -> dict:
@@ -97,7 +91,7 @@ def summarise(sweeps: dict, config: dict, wall_s: float) -> dict:
 
 def reanalyse(path: str) -> dict:
     """Recompute the reports from the trials stored in an earlier result (no training)."""
-    old = json.loads(Path(path).read_text())
+    old = read_json(path)
     sweeps = {}
     for par in PARAMETRIZATIONS:
         trials = [Trial(**{**t, "val_loss": math.inf if t["val_loss"] is None else t["val_loss"],
@@ -108,7 +102,7 @@ def reanalyse(path: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__, "mup_transfer", plot=True)
     ap.add_argument("--widths", default="64,128,256,512")
     ap.add_argument("--corpus", choices=("synthetic", "bbc"), default="synthetic")
     ap.add_argument("--synthetic-docs", type=int, default=800)
@@ -120,8 +114,6 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--eval-batches", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2, help="torch threads per trial (the machine has 2 cores)")
-    ap.add_argument("--json", default=str(RESULTS / "mup_transfer.json"))
-    ap.add_argument("--plot", default=str(RESULTS / "mup_transfer.png"))
     ap.add_argument("--reanalyse", action="store_true", help="recompute figures and plot from --json's trials")
     args = ap.parse_args()
     if args.reanalyse:

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from pathswarm.jsonfile import write_json_atomic
-from pathswarm.node.app.fmt import fmt_bytes, save_figure
+from pathswarm.node.app.fmt import fmt_bytes, save_figure, subplots
 from pathswarm.node.app.progress import run_with_progress
 from pathswarm.node.app.swarm_init import format_init_report, init_spec
 from pathswarm.node.model.data import load_documents
@@ -23,12 +23,7 @@ from pathswarm.protocol.spec import InnerOptSpec, SwarmSpec
 
 
 def plot_losses(result: SimResult, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = subplots(figsize=(7, 4))
     rounds = [0] + [r["round"] for r in result.rounds]
     for p in [*result.paths, "all"]:
         ys = [result.val_loss_before[p]] + [r["val_loss"][p] for r in result.rounds]
@@ -116,12 +111,7 @@ def summarize(spec: SwarmSpec, statuses: dict[str, dict]) -> dict:
 
 
 def plot_node_curves(summary: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = subplots(figsize=(7, 4))
     for name, curve in sorted(summary["loss_curves"].items()):
         ys = curve["train_loss"]
         ax.plot(range(1, len(ys) + 1), ys, marker="o", label=f"{name} (path {curve['path']})")

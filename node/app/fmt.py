@@ -14,27 +14,38 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.1f} PB"
 
 
-def save_figure(fig, ax, path: Path | str) -> None:
-    """Grid, legend, tight layout, write the PNG (creating its folder) and free the figure."""
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_path_history(summary: dict, path: Path | str) -> None:
-    """`swarm status --plot`: training loss per path over outer rounds, from `swarm_view.summarize`."""
+def subplots(*args, **kwargs):
+    """`matplotlib.pyplot.subplots` on the file-only Agg backend (no display needed). matplotlib is
+    imported here, at the first figure: it is slow to import and most commands draw none."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    return plt.subplots(*args, **kwargs)
+
+
+def write_figure(fig, path: Path | str, dpi: int = 110) -> None:
+    """Tight layout, write the PNG (creating its folder) and free the figure."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def save_figure(fig, ax, path: Path | str) -> None:
+    """Grid and legend on `ax`, then `write_figure`."""
+    ax.grid(alpha=0.3)
+    ax.legend()
+    write_figure(fig, path)
+
+
+def plot_path_history(summary: dict, path: Path | str) -> None:
+    """`swarm status --plot`: training loss per path over outer rounds, from `swarm_view.summarize`."""
+    fig, ax = subplots(figsize=(7, 4))
     drawn = 0
     for row in summary["paths"]:
         if row["history"]:
