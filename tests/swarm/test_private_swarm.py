@@ -24,6 +24,7 @@ from pathswarm.protocol.dht import peer_id_of_owner
 from pathswarm.protocol.exchange import ModuleExchange
 from pathswarm.protocol.identity import default_owner_key
 from pathswarm.protocol.membership import Ed25519PrivateKey, issue, public_key_text, save_owner_key
+from pathswarm.protocol.net import PeerStreams
 from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.ratelimit import RateLimiter
 from pathswarm.protocol.records import PathClaim, claims_key, record_to_wire
@@ -74,7 +75,7 @@ class Outsider:
         return found is not None and self.owner in found.value
 
     def exchange(self, membership: str) -> ModuleExchange:
-        return ModuleExchange(self.spec, self.p2p, self.transport_peer_id, count_module_params(self.spec),
+        return ModuleExchange(self.spec, PeerStreams(self.p2p), self.transport_peer_id, count_module_params(self.spec),
                               lambda mid: None, lambda st, avg: st, membership=membership)
 
     def fetch_state(self, member: str, membership: str):
@@ -123,8 +124,8 @@ def test_every_refusal_reaches_the_refused_peer(private):
     spec, _, _ = private
     member = hivemind.DHT(start=True, **LOOPBACK_ONLY)
     net = NetLoop("member")
-    p2p = net.run(member.replicate_p2p(), 30)
-    served = ModuleExchange(spec, p2p, member.peer_id.to_base58(), count_module_params(spec), lambda m: None,
+    streams = PeerStreams(net.run(member.replicate_p2p(), 30))
+    served = ModuleExchange(spec, streams, member.peer_id.to_base58(), count_module_params(spec), lambda m: None,
                             lambda st, avg: st)
     served.limits["contribute"] = RateLimiter(rate=1e-3, burst=32)  # no refill during the test: exact counts
     net.run(served.start(), 30)
