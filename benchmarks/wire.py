@@ -12,12 +12,11 @@ Goals (DESIGN.md): ≥ 450× at H=100 and ≥ 2000× at H=500.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
 
-from _swarm_common import machine, write_json, write_spec
+from _swarm_common import arguments, machine, write_json, write_spec
 
 from pathswarm.node.app.local_swarm import LocalSwarm
 from pathswarm.node.model.model import count_module_params
@@ -54,8 +53,7 @@ def measure(h: int, rounds: int, workdir: Path) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", default="benchmarks/results/wire.json")
+    ap = arguments(__doc__, "wire")
     ap.add_argument("--inner-steps", default="100,500", help="comma-separated H values")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
