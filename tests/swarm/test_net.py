@@ -8,12 +8,14 @@ import pytest
 
 from pathswarm.protocol.net import (
     BadAddressError,
+    DaemonStartError,
     NetStartError,
     NoPeerAnsweredError,
     PeerStreams,
     PortInUseError,
     SwarmNet,
     WrongSwarmError,
+    _start_error,
     start_net,
 )
 from pathswarm.protocol.netloop import NetLoop
@@ -55,6 +57,21 @@ def test_a_bad_address_is_a_bad_address_error(kwargs, words):
         start_net(**kwargs)
     assert words in str(e.value) and "\n" not in str(e.value)
     assert isinstance(e.value, NetStartError) and isinstance(e.value, ValueError)  # the CLI prints it in one line
+
+
+@pytest.mark.parametrize("error, initial, kind, words", [
+    (RuntimeError("DHTNode bootstrap failed: none of the initial_peers responded to a ping."), [DEAD],
+     NoPeerAnsweredError, "none of the initial peers answered within 12 s (tried " + DEAD),
+    (TimeoutError(), [DEAD], NoPeerAnsweredError, "none of the initial peers answered within 12 s"),
+    (TimeoutError(), [], DaemonStartError, "the DHT peer did not start within 12 s"),
+    (RuntimeError("Daemon failed to start: 2026/12/04 10:29:03 something odd\n"), [], DaemonStartError,
+     "the DHT peer did not start: something odd"),
+    (RuntimeError("Daemon failed to start: 2026/12/04 10:29:00 failed to listen on any addresses: [listen tcp4 "
+                  "127.0.0.1:80: bind: permission denied]"), [], BadAddressError, "bind: permission denied"),
+])
+def test_what_p2pd_and_hivemind_say_becomes_one_typed_error(error, initial, kind, words):
+    typed = _start_error(error, initial, ["/ip4/127.0.0.1/tcp/80"], waited_s=12.3)
+    assert type(typed) is kind and words in str(typed) and "\n" not in str(typed)
 
 
 def test_an_initial_peer_serving_another_swarm_is_refused_and_a_peer_of_ours_is_joined():
