@@ -14,9 +14,6 @@ The rule (after petals' `block_selection.py`, with paths instead of blocks):
 - Expired claims and the node's own claim (it is choosing afresh) are ignored, as are claims whose
   path does not fit the spec (they cannot be served by anyone).
 
-`should_move` is where the node's own throughput matters: whether leaving the current path for the
-least-served one raises the swarm's minimum service by a margin (re-balancing while running).
-
 Pure code: no networking, no hivemind.
 """
 
@@ -68,10 +65,7 @@ def tie_break(peer_id: str, path: Path) -> int:
 
 def rank_paths(spec: SwarmSpec, claims: Iterable[PathClaim], my_peer_id: str, now: float) -> list[Path]:
     """All paths, best for this peer to join first (see the module docstring for the order)."""
-    return _rank(spec, path_service(spec, live_claims(spec, claims, my_peer_id, now)), my_peer_id)
-
-
-def _rank(spec: SwarmSpec, service: dict[Path, tuple[float, int]], my_peer_id: str) -> list[Path]:
+    service = path_service(spec, live_claims(spec, claims, my_peer_id, now))
     return sorted(
         service,
         key=lambda p: (service[p][0], service[p][1], tie_break(my_peer_id, p), spec.index_of_path(p)),
@@ -87,43 +81,11 @@ def choose_path(
 ) -> Path:
     """The path this peer should claim now: the least-served one, ties broken deterministically.
 
-    `my_tokens_per_s` is checked but does not change a join: adding the same amount to any path
-    keeps the least-served one least served. It matters in `should_move`.
+    `my_tokens_per_s` is checked but does not change the choice: adding the same amount to any path
+    keeps the least-served one least served.
     """
     _check_tokens_per_s(my_tokens_per_s)
     return rank_paths(spec, claims, my_peer_id, now)[0]
-
-
-def should_move(
-    spec: SwarmSpec,
-    claims: list[PathClaim],
-    my_path: Path,
-    my_tokens_per_s: float,
-    my_peer_id: str,
-    now: float,
-    min_gain: float = 1.2,
-) -> Path | None:
-    """A better path for a running node, or None to stay.
-
-    Moving from `my_path` to the best-ranked other path is worth it when the swarm's least path
-    service after the move exceeds the least one now by the factor `min_gain` (> 1 keeps nodes from
-    oscillating between two nearly equal paths; a move costs a state download). A path left with no
-    claimant has service 0, so a node that is alone on its path never moves.
-    """
-    _check_tokens_per_s(my_tokens_per_s)
-    if min_gain < 1.0:
-        raise ValueError(f"min_gain must be >= 1, got {min_gain}")
-    spec.check_path(my_path)
-    if spec.n_paths == 1:
-        return None
-    service = path_service(spec, live_claims(spec, claims, my_peer_id, now))
-    best = next(p for p in _rank(spec, service, my_peer_id) if p != my_path)
-    mine = max(my_tokens_per_s, MIN_CLAIM_TOKENS_PER_S)
-
-    def min_service(on: Path) -> float:  # the swarm's least service with this node on path `on`
-        return min(tps + (mine if p == on else 0.0) for p, (tps, _) in service.items())
-
-    return best if min_service(best) > min_service(my_path) * min_gain else None
 
 
 def _check_tokens_per_s(tokens_per_s: float) -> None:

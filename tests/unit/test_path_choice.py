@@ -9,7 +9,6 @@ from pathswarm.protocol.path_choice import (
     choose_path,
     path_service,
     rank_paths,
-    should_move,
     tie_break,
 )
 from pathswarm.protocol.records import PathClaim
@@ -93,19 +92,6 @@ def test_bad_own_throughput_is_a_value_error(bad):
         choose_path(SPEC, [], bad, ME, NOW)
 
 
-def test_should_move_only_for_a_clear_gain():
-    # I share (0, 0) with a 300 tok/s node while (1, 1) has 10: moving lifts the minimum 10 -> 110.
-    others = claims_on((0, 1), (1, 0)) + [claim((0, 0), 300.0, "QmA"), claim((1, 1), 10.0, "QmB")]
-    assert should_move(SPEC, others, (0, 0), 100.0, ME, NOW) == (1, 1)
-    # Alone on my path: leaving would unserve it, so stay.
-    alone = claims_on((0, 1), (1, 0)) + [claim((1, 1), 10.0, "QmB")]
-    assert should_move(SPEC, alone, (0, 0), 100.0, ME, NOW) is None
-    # A gain below min_gain is not worth a state download.
-    balanced = claims_on((0, 1), (1, 0), (1, 1)) + [claim((0, 0), 100.0, "QmA")]
-    assert should_move(SPEC, balanced, (0, 0), 10.0, ME, NOW) is None
-    assert should_move(SwarmSpec(name="one", levels=(1,)), [], (0,), 1.0, ME, NOW) is None
-
-
 # ---- properties ----------------------------------------------------------------------------------
 random_claims = st.lists(
     st.builds(
@@ -129,17 +115,3 @@ def test_choice_is_a_valid_least_served_path_and_ignores_claim_order(claims, my_
                for p in SPEC.paths()}
     assert service[chosen] <= min(service.values()) * (1 + 1e-12)  # equal up to summation order
     assert choose_path(SPEC, list(reversed(claims)), my_tps, peer, NOW) == chosen
-
-
-@settings(max_examples=200, deadline=None)
-@given(claims=random_claims, my_path=st.sampled_from(SPEC.paths()), my_tps=st.floats(0, 1e4))
-def test_a_move_never_lowers_the_least_service(claims, my_path, my_tps):
-    target = should_move(SPEC, claims, my_path, my_tps, ME, NOW)
-    if target is None:
-        return
-    service = {p: s for p, (s, _) in path_service(SPEC, [c for c in claims if c.expires_at > NOW
-                                                             and c.peer_id != ME]).items()}
-    mine = max(my_tps, MIN_CLAIM_TOKENS_PER_S)
-    before = min(s + mine * (p == my_path) for p, s in service.items())
-    after = min(s + mine * (p == target) for p, s in service.items())
-    assert target != my_path and after > before
