@@ -4,7 +4,7 @@ Claim (DiLoCo, arXiv 2311.08105): with 4 workers and H = 50 inner steps between 
 validation loss is within 2 % of synchronous data-parallel training that sees the same tokens, while
 the workers talk H× less often. Also run at H = 10 and H = 100.
 
-Both arms run in node/simulate.py on the same spec, data and seeds: `sync` averages the 4 workers'
+Both arms run in node/train/simulate.py on the same spec, data and seeds: `sync` averages the 4 workers'
 gradients at every step (one AdamW, global batch 4 × batch); `diloco` trains 4 replicas for H inner
 AdamW steps each, then averages their outer gradients (int8 + zstd, as on the wire) and takes an outer
 Nesterov step (lr 0.7, momentum 0.9). Every arm makes the same number of inner steps per worker.

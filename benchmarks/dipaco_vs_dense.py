@@ -2,7 +2,7 @@
 
 Claim (DiPaCo, arXiv 2403.10616): routed paths reach a lower validation loss than a dense model of one
 path's size trained on all documents with the same per-path compute; the paper also compares with a
-dense model as large as the whole swarm. Arms (all in node/simulate.py, same width, data and seeds):
+dense model as large as the whole swarm. Arms (all in node/train/simulate.py, same width, data and seeds):
 
 - dipaco: levels 2x2 (4 paths: shared module + one module per level), one worker per path, each on the
   documents the router sends to it, H inner AdamW steps then DiLoCo outer steps per module;

@@ -8,7 +8,7 @@ under muP, and more under standard parametrisation.
 Setup: one path of the model (shared embedding/readout + one level module), byte tokens, 4 heads at
 every width, base width 64; for each width, parametrisation, seed and learning rate (factors of 2) a
 fresh model trains with plain AdamW (the node's inner loop: warm-up, clipping, weight decay) and is
-scored on fixed validation windows. The sweep is node/tune.py's, the same code `pathswarm tune` runs.
+scored on fixed validation windows. The sweep is node/train/tune.py's, the same code `pathswarm tune` runs.
 The default corpus is the generated multi-domain one: at the budget a CPU affords (200 steps of 512
 tokens), BBC News leaves every model on the same early plateau (≈ 2.8 nats/byte) where neighbouring
 learning rates differ by less than the run-to-run noise, so its argmin says nothing (`--corpus bbc`

@@ -1,7 +1,7 @@
 """How a module group's outer gradients become one: screening each contribution, then a robust mean.
 
 Pure math over decoded tensors (no networking): the reducer of a round (protocol/exchange.py) and the
-simulator (node/simulate.py) call the same `merge`, so benchmarks measure the rule the swarm runs.
+simulator (node/train/simulate.py) call the same `merge`, so benchmarks measure the rule the swarm runs.
 
 1. Screening. A contribution is rejected, with its peer and a reason, if its frame does not decode,
    holds another number of values than the module, holds NaN/Inf, or (in groups of 3 or more) has a

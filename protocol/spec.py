@@ -75,7 +75,7 @@ class ModelSpec:
 class RouterSpec:
     """Fixed document router: log1p + L2-normalised counts of hashed byte n-grams (FNV-1a + fmix64)
     -> nearest of one k-means centroid per path (measured on BBC: 1024 features, 3-grams, 2048-byte prefix
-    route topics most coherently; see node/router.py)."""
+    route topics most coherently; see node/model/router.py)."""
 
     features: int = 1024
     """Dimension of the hashed byte n-gram feature vector."""

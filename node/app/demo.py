@@ -1,7 +1,7 @@
 """`pathswarm demo`: the README's main job.
 
 By default a real local swarm: create a 2x2 spec on the BBC News corpus and fit its router, start a
-bootstrap DHT peer and N node processes on 127.0.0.1 (node/local_swarm.py), show a live table per
+bootstrap DHT peer and N node processes on 127.0.0.1 (node/app/local_swarm.py), show a live table per
 node, and at the end print routed validation loss per path before and after, the bytes every node
 sent against what fp32 data-parallel would have sent for the same inner steps, and whether every
 module's replicas are bit-identical. `--simulated` runs the same algorithm in one process instead.

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Sequence
 
 from pathswarm.node.model.data import Document, split
+from pathswarm.node.model.model import count_module_params
 from pathswarm.node.model.router import assignment_table, fit_router
 from pathswarm.protocol.spec import SwarmSpec, format_path
 
@@ -30,15 +31,6 @@ def init_spec(base: SwarmSpec, docs: Sequence[Document]) -> SwarmSpec:
                          f"paths of levels {list(base.levels)}: use more documents or fewer paths")
     log.info("fitting the router: %d centroids on %d training documents", base.n_paths, len(train))
     return base.replace(router=fit_router(train, base.router, base.n_paths))
-
-
-def module_param_counts(spec: SwarmSpec) -> dict[str, int] | None:
-    """Parameters per module id from node.model, or None while that module is not available."""
-    try:
-        from pathswarm.node.model.model import count_module_params
-    except ImportError:
-        return None
-    return dict(count_module_params(spec))
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
@@ -66,19 +58,16 @@ def format_init_report(spec: SwarmSpec, docs: Sequence[Document]) -> str:
         f"k-means seed {r.seed}",
     ]
 
-    params = module_param_counts(spec)
-    if params is None:
-        out.append("parameters: (node.model not available yet)")
-    else:
-        out += ["", "parameters per module"]
-        out += _table(["module", "params"], [(mid, f"{params[mid]:,}") for mid in spec.all_module_ids()])
+    params = count_module_params(spec)
+    out += ["", "parameters per module"]
+    out += _table(["module", "params"], [(mid, f"{params[mid]:,}") for mid in spec.all_module_ids()])
 
     table = assignment_table(train, spec.router, spec)
     val_table = assignment_table(val, spec.router, spec) if val else None
     rows = []
     for p in table["paths"]:
         path = p["path"]
-        n_params = f"{sum(params[mid] for mid in spec.module_ids(path)):,}" if params is not None else "-"
+        n_params = f"{sum(params[mid] for mid in spec.module_ids(path)):,}"
         n_val = val_table["paths"][p["index"]]["docs"] if val_table else 0
         share = p["docs"] / max(table["n_docs"], 1)
         rows.append((format_path(path), " ".join(spec.module_ids(path)), n_params, p["docs"], n_val, f"{share:.0%}"))

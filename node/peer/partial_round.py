@@ -1,6 +1,6 @@
 """A round in progress, saved every few seconds, so that a crashed or stopped node resumes it.
 
-The round checkpoint (node/checkpoint.py) holds each module's anchor as of its last outer round: a node
+The round checkpoint (node/train/checkpoint.py) holds each module's anchor as of its last outer round: a node
 killed mid-round loses every inner step since then, on average half a round of its compute. This file
 holds what the round checkpoint does not:
   - per module, the local weights, and, while an outer gradient is in flight, the weights it was made

@@ -3,7 +3,7 @@
 Under muP the best inner learning rate (given at `model.base_width`; hidden matrices get lr / width_mult)
 does not move with width, so it can be found on cheap narrow copies of a swarm's path and written into
 the spec of the wide swarm. `sweep` trains one proxy per (width, lr, seed) with plain AdamW (the inner
-loop of node/inner.py, the spec's batch size, warm-up and clipping) on the spec's training documents and
+loop of node/train/inner.py, the spec's batch size, warm-up and clipping) on the spec's training documents and
 scores it on fixed validation windows; `best_lr_per_width` and `choose_lr` are the selection rules, pure
 functions over the trials; `with_inner_lr` writes the choice into a spec. benchmarks/mup_transfer.py
 runs the same sweep under muP and under standard parametrisation at widths 64..512.
@@ -32,7 +32,7 @@ from pathswarm.protocol.spec import SwarmSpec
 if TYPE_CHECKING:
     from pathswarm.node.model.data import Document
 
-# torch and the modules that import it are imported inside the functions that train: node/cli.py
+# torch and the modules that import it are imported inside the functions that train: node/app/cli.py
 # registers `tune_command` at import time, and `pathswarm --help` should not pay for loading torch.
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Unit tests of node/data.py: loaders, the hash split, byte tokens and the token sampler."""
+"""Unit tests of node/model/data.py: loaders, the hash split, byte tokens and the token sampler."""
 
 import json
 import random

@@ -1,4 +1,4 @@
-"""Unit tests of node/router.py and node/swarm_init.py: features, k-means fit, routing, init report."""
+"""Unit tests of node/model/router.py and node/app/swarm_init.py: features, k-means fit, routing, init report."""
 
 import dataclasses
 import math
