@@ -2,7 +2,7 @@
 
 Two real nodes (CLI subprocesses, p2pd on 127.0.0.1) train the same path, so every module of the
 path is averaged every round. Bytes are counted where pathswarm writes to and reads from libp2p
-streams (node/runtime.py → protocol/wire.py `Traffic`): every message of the outer rounds, headers
+streams (node/peer/rounds.py → protocol/wire.py `Traffic`): every message of the outer rounds, headers
 included; libp2p's own framing and TLS are not counted. The fp32 data-parallel figure is what a
 ring all-reduce sends per node for the same inner steps: 2·(n−1)/n · 4 bytes · parameters per step.
 

@@ -1,10 +1,10 @@
-"""Module-group outer rounds over hivemind's P2P streams, with bit-identical results for every member.
+"""Module-group outer rounds over libp2p streams (protocol/net.py), with bit-identical results for every member.
 
 For each (module, outer round) one holder is the *reducer*: the live holder with the smallest peer id.
 Every holder sends it one codec frame (its outer gradient) with its token count and the digest of
 its state before the round. The reducer closes the round when `min(min_group, live holders)` are in
-or when the grace window since the first contribution ends, screens the frames and merges them with a
-robust token-weighted mean in sorted peer-id order (protocol/aggregate.py), and encodes the mean **once**.
+or when the grace window since the first contribution ends, and closes it by the round rule the node injects
+(node/train/round.py `close_round`: screen, robust token-weighted mean in sorted peer-id order, encode **once**).
 A peer whose contributions are rejected `averaging.max_rejections` times is ignored for the session.
 Every member, the reducer included, decodes those same bytes, so all apply the identical outer step;
 the reducer also returns the digest the state must have afterwards, and a member that disagrees
@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
-from hivemind.p2p import P2P, PeerID
 
-from pathswarm.compression import decode, encode
-from pathswarm.protocol.aggregate import merge
+from pathswarm.protocol.clock import MONOTONIC, Clock
 from pathswarm.protocol.membership import Gate, MembershipError
 from pathswarm.protocol.ratelimit import RateLimiter
 from pathswarm.protocol.spec import SwarmSpec
@@ -49,6 +47,9 @@ from pathswarm.protocol.wire import (
     write_message,
 )
 
+if TYPE_CHECKING:
+    from pathswarm.protocol.net import PeerStreams
+
 logger = logging.getLogger(__name__)
 
 RESULTS_KEPT = 4  # closed rounds a reducer remembers for late members
@@ -57,6 +58,12 @@ UNREACHABLE = "reducer unreachable"  # reason prefix of a round that failed at t
 RANK_LOST = "a member left the world"  # sync baseline: reason prefix of a round failed because a member died
 REFUSAL_DRAIN_S = 3.0  # how long a refused request's remaining bytes are read and dropped before closing
 MAX_ROUND = 1 << 62  # rounds are int64 everywhere (records.MAX_COUNT); state_digest packs them in 8 bytes
+
+
+def _peer_id(caller: str | Any) -> str:
+    """The caller's peer id, as PeerStreams hands it to a handler. COMPATIBILITY SHIM: the fuzz harness
+    (tests/fuzzing.py) still passes hivemind's stream info; delete the second branch once it passes a str."""
+    return caller if isinstance(caller, str) else caller.peer_id.to_base58()
 
 
 def rank_lost(world: dict[str, int], live: dict[str, int]) -> str:
@@ -77,6 +84,26 @@ class LocalState:
     digest: str
     anchor: torch.Tensor
     momentum: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Closed:
+    """What the reducer makes of a round's contributions (computed by the round rule the node injects)."""
+
+    mean_frame: bytes
+    """The one encoded mean every member decodes; b'' when no contribution passed screening."""
+    used: tuple[str, ...]
+    """Peers whose outer gradients are in it, sorted."""
+    tokens: int
+    rejected: tuple[tuple[str, str], ...]
+    """(peer, reason) of each contribution screened out."""
+    after: LocalState | None
+    """Our state after applying the mean to the state the round opened with (None if we no longer hold that)."""
+
+
+Closer = Callable[[list[tuple[str, int, bytes]], int, "LocalState | None"], Closed]
+"""(contributions as (peer, tokens, frame) sorted by peer, the module's size, the state the round opened with)
+→ the closed round."""
 
 
 @dataclass
@@ -108,12 +135,13 @@ class _OpenRound:
 class ModuleExchange:
     """Serves and joins module rounds for one node. All methods run on the node's network event loop."""
 
-    def __init__(self, spec: SwarmSpec, p2p: P2P | None, peer_id: str, numels: dict[str, int],
+    def __init__(self, spec: SwarmSpec, p2p: PeerStreams | None, peer_id: str, numels: dict[str, int],
                  state_of: Callable[[str], LocalState | None],
-                 post_state: Callable[[LocalState, torch.Tensor], LocalState],
+                 closer: Closer,
                  traffic: Traffic | None = None, membership: str = "",
-                 sync_world: bool = False):
+                 sync_world: bool = False, clock: Clock = MONOTONIC):
         self.spec = spec
+        self.clock = clock  # grace windows and the sync deadline read it (tests pass a ManualClock)
         # Synchronous baseline (benchmarks/chaos.py): a round waits for expected_holders contributions (the
         # node sets it to the job's whole world, dead workers included) instead of closing at the grace
         # window, as a data-parallel collective blocks until every rank arrives; only timeout_s ends the wait.
@@ -122,11 +150,16 @@ class ModuleExchange:
         # one that names the peer id libp2p authenticated on the stream (a copied one names another).
         self.membership = membership
         self.gate = Gate(spec.membership.owner_key, spec.swarm_id)
-        self.p2p = p2p
+        if p2p is not None and hasattr(p2p, "call_binary_stream_handler"):
+            # COMPATIBILITY SHIM: node/peer/node.py and tests pass hivemind's P2P; delete once they pass PeerStreams
+            from pathswarm.protocol.net import as_streams
+
+            p2p = as_streams(p2p)
+        self.streams = p2p  # None: offline
         self.peer_id = peer_id
         self.numels = numels  # module id → parameter count, from the spec: bounds every message
         self.state_of = state_of
-        self.post_state = post_state
+        self.closer = closer  # the round rule's close (node/train/round.py), injected: protocol/ knows no node code
         # The state each module will have once our own node applies the rounds we closed: members that
         # apply a mean faster than our training loop does must not find us "behind".
         self._post: dict[str, LocalState] = {}
@@ -150,10 +183,10 @@ class ModuleExchange:
         self.state_name = f"pathswarm.{prefix}.state"
 
     async def start(self) -> None:
-        if self.p2p is None:  # offline: the node reduces its own rounds, nothing is served
+        if self.streams is None:  # offline: the node reduces its own rounds, nothing is served
             return
-        await self.p2p.add_binary_stream_handler(self.contribute_name, self._on_contribute)
-        await self.p2p.add_binary_stream_handler(self.state_name, self._on_state)
+        await self.streams.serve(self.contribute_name, self._on_contribute)
+        await self.streams.serve(self.state_name, self._on_state)
 
     def _frame_limit(self, module: str) -> int:
         # An int8 frame is ~1 byte per value plus scales and headers; 2× + 64 KiB is a generous cap.
@@ -174,13 +207,13 @@ class ModuleExchange:
     async def _wait_for_state(self, module: str) -> LocalState | None:
         """A node registers its handlers before it has synced its modules: wait (at most the grace
         window) for our state instead of failing the round of a peer that is quicker than us."""
-        deadline = time.monotonic() + self.spec.averaging.grace_s
-        while (mine := self.effective_state(module)) is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        deadline = self.clock.now() + self.spec.averaging.grace_s
+        while (mine := self.effective_state(module)) is None and self.clock.now() < deadline:
+            await self.clock.sleep(0.05)
         return mine
 
-    async def _on_contribute(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sender = info.peer_id.to_base58()
+    async def _on_contribute(self, caller: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sender = _peer_id(caller)
         try:
             if not await self._within_rate("contribute", sender, reader, writer):
                 return
@@ -291,18 +324,18 @@ class ModuleExchange:
 
     async def _close_after_grace(self, key: tuple[str, int], open_round: _OpenRound) -> None:
         if not self.sync_world:
-            await asyncio.sleep(self.spec.averaging.grace_s)
+            await self.clock.sleep(self.spec.averaging.grace_s)
             if open_round.result is None:
                 self._close(key, open_round)
             return
         # sync: reaching the target closes the round in reduce(); a rank lost fails it; otherwise the timeout ends it
-        deadline = time.monotonic() + self.spec.averaging.timeout_s
-        while open_round.result is None and time.monotonic() < deadline:
+        deadline = self.clock.now() + self.spec.averaging.timeout_s
+        while open_round.result is None and self.clock.now() < deadline:
             lost = rank_lost(open_round.world, self.live_holders.get(key[0], {}))
             if lost:
                 self._fail(key, open_round, f"{RANK_LOST}: {lost[-8:]}")
                 return
-            await asyncio.sleep(0.25)
+            await self.clock.sleep(0.25)
         if open_round.result is None:
             self._close(key, open_round)
 
@@ -316,29 +349,23 @@ class ModuleExchange:
 
     def _close(self, key: tuple[str, int], open_round: _OpenRound) -> None:
         module, round_ = key
-        contributors = sorted(open_round.frames)  # canonical order: every replica sums the same way
         avg = self.spec.averaging
-        merged = merge([(p, *open_round.frames[p]) for p in contributors], self.numels[module],
-                       norm_bound=avg.norm_bound, clip_factor=avg.clip_factor, clip_iterations=avg.clip_iterations)
-        for peer, reason in merged.rejected:
+        # The state the round opened with, if we still hold it: the result then says the state after the round.
+        mine = self.effective_state(module)
+        before = mine if mine is not None and mine.digest == open_round.digest_before and mine.round == round_ else None
+        closed = self.closer([(p, *open_round.frames[p]) for p in sorted(open_round.frames)], self.numels[module],
+                             before)
+        for peer, reason in closed.rejected:
             self.offenses[peer] = self.offenses.get(peer, 0) + 1
             logger.warning("rejected peer %s's outer gradient for %s round %d: %s (%d rejected so far%s)", peer, module,
                            round_, reason, self.offenses[peer],
                            "; ignoring it from now on" if self.offenses[peer] >= avg.max_rejections else "")
-        numel, used = self.numels[module], merged.used
-        if merged.mean is not None:
-            mean = merged.mean
-            codec = self.spec.codec
-            mean_frame = encode(mean, block_size=codec.block_size, zstd_level=codec.zstd_level,
-                                target_error=codec.target_error)
-            mine = self.effective_state(module)
-            digest_after = ""
-            if mine is not None and mine.digest == open_round.digest_before and mine.round == round_:
-                post = self.post_state(mine, decode(mean_frame, max_elements=numel))
-                self._post[module] = post
-                digest_after = post.digest
-            result = RoundResult(module, round_, "merged", mean_frame, used, merged.tokens, digest_after)
-            self.tokens_reduced[module] = self.tokens_reduced.get(module, 0) + merged.tokens
+        if closed.mean_frame:
+            if closed.after is not None:
+                self._post[module] = closed.after
+            result = RoundResult(module, round_, "merged", closed.mean_frame, list(closed.used), closed.tokens,
+                                 closed.after.digest if closed.after is not None else "")
+            self.tokens_reduced[module] = self.tokens_reduced.get(module, 0) + closed.tokens
         else:
             result = RoundResult(module, round_, "failed", reason="no valid contribution")
         open_round.result = result
@@ -369,8 +396,7 @@ class ModuleExchange:
 
     async def _remote_contribute(self, reducer: str, module: str, round_: int, tokens: int, digest: str,
                                  frame: bytes) -> RoundResult:
-        _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(reducer),
-                                                                      self.contribute_name)
+        reader, writer = await self.streams.open(reducer, self.contribute_name)
         try:
             await write_message(writer, {"module": module, "round": round_, "tokens": tokens, "digest": digest,
                                          "membership": self.membership}, b"", self.traffic)
@@ -387,12 +413,13 @@ class ModuleExchange:
                            str(header.get("digest_after") or ""), str(header.get("reason") or "")[:200])
 
     # ---- state download ----------------------------------------------------------------------
-    async def _on_state(self, info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _on_state(self, caller: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sender = _peer_id(caller)
         try:
-            if not await self._within_rate("state", info.peer_id.to_base58(), reader, writer):
+            if not await self._within_rate("state", sender, reader, writer):
                 return
             header, _ = await read_message(reader, 0, self.traffic)
-            if not await self._admit(header, info.peer_id.to_base58(), reader, writer):
+            if not await self._admit(header, sender, reader, writer):
                 return
             module = field_of(header, "module", str)
             # the newest state we know: after the rounds we closed, even before our own loop applied them
@@ -404,7 +431,7 @@ class ModuleExchange:
             await write_message(writer, {"status": "ok", "round": state.round, "digest": state.digest},
                                 payload, self.traffic)
         except (WireError, ConnectionError, asyncio.IncompleteReadError) as e:
-            logger.warning("state request from %s failed: %s", info.peer_id.to_base58()[-8:], e)
+            logger.warning("state request from %s failed: %s", sender[-8:], e)
         finally:
             writer.close()
 
@@ -414,7 +441,7 @@ class ModuleExchange:
         numel = self.numels[module]
 
         async def go():
-            _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer), self.state_name)
+            reader, writer = await self.streams.open(peer, self.state_name)
             try:
                 await write_message(writer, {"module": module, "membership": self.membership}, b"", self.traffic)
                 return await read_message(reader, 8 * numel, self.traffic)

@@ -39,6 +39,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from pathswarm.compression import CodecError, decode, encode
 from pathswarm.compression.frame import checksum
+from pathswarm.node.peer.rounds import exchange_closer
 from pathswarm.protocol.dht import SwarmRecordValidator, peer_id_of_owner
 from pathswarm.protocol.exchange import LocalState, ModuleExchange
 from pathswarm.protocol.membership import (
@@ -450,11 +451,8 @@ def reader_of(data: bytes) -> asyncio.StreamReader:
 def exchange(private: bool, p2p=None) -> ModuleExchange:
     spec = XPRIVATE if private else XSPEC
 
-    def post_state(state: LocalState, mean: torch.Tensor) -> LocalState:
-        return LocalState(state.round + 1, "d1" * 8, state.anchor - mean, state.momentum)
-
     return ModuleExchange(spec, p2p, OTHER_PEER, {m: NUMEL for m in spec.all_module_ids()}, lambda m: STATE,
-                          post_state, membership=XCERT if private else "")
+                          exchange_closer(spec), membership=XCERT if private else "")
 
 
 MESSAGES = [message({}), message({"status": "ok", "round": 3, "digest": "ab"}, bytes(range(256)) * 4),

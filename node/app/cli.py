@@ -259,13 +259,10 @@ def swarm_status(spec_path: str | None, join_id: str | None, initial_peers: tupl
 
 
 def _start_client_or_explain(spec: SwarmSpec, initial_peers: tuple[str, ...]):
-    from pathswarm.protocol.dht import start_dht
+    """A DHT client of the swarm; a NetStartError (a ValueError: one line) says why it did not start."""
+    from pathswarm.protocol.net import start_net
 
-    try:
-        return start_dht(list(initial_peers), spec=spec, client_mode=True)
-    except Exception:  # p2pd raises several types for "nobody answered"
-        raise ValueError(f"none of the initial peers answered ({', '.join(initial_peers)}); check the addresses "
-                         "(including their /p2p/ id), that a peer runs there, and your firewall") from None
+    return start_net(list(initial_peers), spec=spec, client_mode=True)
 
 
 # ---- simulate ------------------------------------------------------------------------------------
@@ -381,7 +378,7 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
         if not value >= 0 or value == float("inf"):
             raise click.BadParameter("must be a finite number >= 0", param_hint=hint)
     from pathswarm.node.peer.joining import resolve_identity, resolve_swarm
-    from pathswarm.node.peer.runtime import Node, NodeConfig
+    from pathswarm.node.peer.node import Node, NodeConfig
 
     spec, initial_peers = resolve_swarm(spec_path, join_id, tuple(initial_peers))
     identity_path, membership = resolve_identity(identity, membership_file, spec)
@@ -393,17 +390,11 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
                      wait_peers=wait_peers, offline=offline, sync_rounds=sync_rounds,
                      max_tokens_per_s=max_tokens_per_s, partial_every_s=save_partial_s)
     n = Node(cfg, handle_signals=True)
-    try:
-        if sys.stderr.isatty():
-            from pathswarm.node.app.node_display import run_with_display
+    if sys.stderr.isatty():
+        from pathswarm.node.app.node_display import run_with_display
 
-            sys.exit(run_with_display(n))
-        sys.exit(n.run())
-    except RuntimeError as e:
-        if "bootstrap failed" in str(e) or "initial_peers" in str(e):
-            raise ValueError(f"none of the initial peers answered ({', '.join(initial_peers)}); check the "
-                             "addresses, that a peer is running there, and your firewall") from None
-        raise
+        sys.exit(run_with_display(n))
+    sys.exit(n.run())
 
 
 @main.command()

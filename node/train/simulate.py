@@ -1,10 +1,11 @@
 """The whole algorithm in one process, without networking: DiLoCo, DiPaCo and a synchronous baseline.
 
-Modes (same model, data and optimisers as the real node; `PathWorker` and `merge_frames` are the very
-functions the node uses):
+Modes (same model, data and optimisers as the real node; `PathWorker` and the round rule of
+node/train/round.py — contribution, close, settle — are the very code the node runs):
 - `diloco`: N workers train replicas of one path on i.i.d. shards of all documents; every H inner
-  steps each module's outer gradients are encoded, merged token-weighted, and an outer Nesterov step
-  is applied by every worker.
+  steps each module's outer gradients are encoded (error feedback), merged by the reducer's robust
+  token-weighted rule into one encoded mean, and every worker decodes it and applies the outer
+  Nesterov step. Every holder is in every round, and each result lands before the next inner step.
 - `dipaco`: workers are assigned to paths round-robin (one per path by default); each trains on the
   documents the router sends to its path; each module is averaged only among the workers holding it.
 - `sync`: synchronous data-parallel: N workers' gradients averaged every inner step, one AdamW, the
@@ -23,10 +24,11 @@ import torch
 
 from pathswarm.node.model.data import Document, TokenSampler, load_documents, split
 from pathswarm.node.model.model import PathModel, build_path
-from pathswarm.node.model.router import route_many
+from pathswarm.node.model.router import documents_by_path
 from pathswarm.node.train.checkpoint import ModuleState, save_checkpoint
 from pathswarm.node.train.inner import evaluate_loss, make_inner_optimizer, set_warmup_lr
-from pathswarm.node.train.worker import PathWorker, merge_frames
+from pathswarm.node.train.round import close_round, make_contribution, settle
+from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.spec import SwarmSpec, format_path
 
 MODES = ("diloco", "dipaco", "sync")
@@ -81,6 +83,9 @@ class SimResult:
     bytes_sent_total: int = 0
     ddp_fp32_bytes_equivalent: int = 0
     replicas_identical: bool = True
+    history: dict[str, dict[str, str]] = field(default_factory=dict)
+    """module → outer round → its digest after that round (the first holder's; `replicas_identical` says whether
+    every holder's agreed): the same record a node keeps in its status, so the two can be compared."""
     wall_s: float = 0.0
 
     def to_json(self) -> dict:
@@ -97,9 +102,8 @@ class RoutedEval:
                  routed: bool):
         self.batches: dict[tuple[int, ...], list] = {}
         if routed:
-            assign = route_many([d.text for d in val_docs], spec.router)
-            by_path = {p: [d for d, a in zip(val_docs, assign, strict=True) if spec.path_of_index(int(a)) == p]
-                       for p in paths}
+            routed_docs = documents_by_path(spec, val_docs)
+            by_path = {p: routed_docs[p] for p in paths}
         else:
             by_path = {p: val_docs for p in paths}
         for p, docs in by_path.items():
@@ -122,11 +126,10 @@ class RoutedEval:
 def _samplers_for(spec: SwarmSpec, cfg: SimConfig, train: list[Document], paths: list[tuple[int, ...]],
                   routed: bool) -> list[TokenSampler]:
     """One data stream per worker: routed documents of its path (dipaco) or all documents."""
-    if routed:
-        assign = route_many([d.text for d in train], spec.router)
+    by_path = documents_by_path(spec, train) if routed else {}
     samplers = []
     for i, p in enumerate(paths):
-        docs = [d for d, a in zip(train, assign, strict=True) if spec.path_of_index(int(a)) == p] if routed else train
+        docs = by_path[p] if routed else train
         if not docs:
             raise ValueError(f"no training documents are routed to path {format_path(p)}")
         samplers.append(TokenSampler(docs, spec.model.context_len, seed=cfg.seed * 1000 + i))
@@ -183,6 +186,8 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
         models.setdefault(w.path, w.model)
     result.val_loss_before = evaluator.losses(models)
     emit("start", {"val_loss": result.val_loss_before, "workers": len(workers)})
+    # (worker, module) → tokens whose steps a late or failed round left in the worker's local weights
+    carry: dict[tuple[str, str], int] = {}
     for r in range(cfg.rounds):
         train_loss: dict[str, list[float]] = {}
         for i, w in enumerate(workers):
@@ -194,17 +199,7 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
             holders = [w for w in workers if mid in w.module_ids]  # canonical order: worker index
             if not holders:
                 continue
-            frames = [w.encode_pseudo_grad(mid) for w in holders]
-            if tamper is not None:
-                frames = [tamper(workers.index(w), mid, r, f) for w, f in zip(holders, frames, strict=True)]
-            # Each holder sends its frame to the other holders (an all-gather): that is what crosses the wire.
-            round_bytes += sum(len(f) for f in frames) * (len(holders) - 1)
-            merged = merge_frames(frames, [w.round_tokens for w in holders], holders[0].outer[mid].anchor.numel(),
-                                  spec.averaging, [w.name for w in holders])
-            result.rejected += len(merged.rejected)
-            if merged.mean is not None:  # every contribution rejected: the anchors stay, the Δs carry over
-                for w in holders:
-                    w.apply_outer(mid, merged.mean)
+            round_bytes += _sim_round(spec, mid, r, holders, carry, result, tamper, workers)
             identical &= len({w.digest(mid) for w in holders}) == 1
         if cfg.checkpoint_dir and r == cfg.rounds - 1:
             first_holder = {mid: next(w for w in workers if mid in w.module_ids)
@@ -225,6 +220,43 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
         result.rounds.append(row)
         emit("round", row)
     result.val_loss_after = result.rounds[-1]["val_loss"]
+
+
+def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], carry: dict[tuple[str, str], int],
+               result: SimResult, tamper: Tamper | None, workers: list[PathWorker]) -> int:
+    """One module's outer round among its holders, by the node's own rule (node/train/round.py): every holder
+    makes a contribution, the round closes over all of them (the reducer's merge and one encoded mean), and
+    every holder settles the result. Returns the bytes that would cross the wire."""
+    numel = holders[0].outer[mid].anchor.numel()
+    sent = {}
+    for w in holders:
+        tokens = w.round_tokens + carry.pop((w.name, mid), 0)
+        sent[w.name] = make_contribution(w.outer[mid], w.flat(mid), w.feedback[mid], spec.codec, tokens)
+    frames = {w.name: sent[w.name].frame for w in holders}
+    if tamper is not None:
+        frames = {w.name: tamper(workers.index(w), mid, r, frames[w.name]) for w in holders}
+    closed = close_round([(w.name, sent[w.name].tokens, frames[w.name]) for w in holders], numel, spec,
+                         before=holders[0].outer[mid])
+    result.rejected += len(closed.rejected)
+    for w in holders:
+        # No overlap in the simulator: the result lands before the next inner step.
+        status = ("alone" if len(closed.used) == 1 else "merged") if w.name in closed.used else "late"
+        if not closed.mean_frame:
+            status = "failed"
+        done = settle(w.outer[mid], sent[w.name], w.flat(mid), status, w.outer[mid].round, closed.mean_frame,
+                      closed.digest_after, spec.outer)
+        if done.local is not None:
+            w.set_flat(mid, done.local)
+        if done.restore_feedback:
+            w.feedback[mid].load_state_dict(sent[w.name].feedback_before)
+        if done.carried_tokens:
+            carry[(w.name, mid)] = done.carried_tokens
+    if closed.mean_frame:
+        result.history.setdefault(mid, {})[str(holders[0].outer[mid].round)] = holders[0].digest(mid)
+    # Every other holder sends its frame to the reducer (the smallest name, as the smallest peer id in a swarm)
+    # and gets the encoded mean back.
+    reducer = min(frames)
+    return sum(len(f) for name, f in frames.items() if name != reducer) + len(closed.mean_frame) * (len(frames) - 1)
 
 
 def _ddp_bytes(workers: list[PathWorker], H: int) -> int:

@@ -1,28 +1,23 @@
 """One path's worker: a PathModel, its inner AdamW, and an outer state per module it holds.
 
-This is the unit both the in-process simulator and the real node drive. A round is:
-`train_inner(H)` → `encode_pseudo_grads()` (one codec frame per module, with error feedback) →
-the frames of a module's holders are merged by `merge_frames` (the reducer's screened, robust mean) in a
-canonical order →
-`apply_outer(mid, avg)` on every holder, which then restarts its inner phase from the new anchor.
-Because every holder decodes the same bytes and merges them in the same order, all holders end the
-round with bit-identical anchor and momentum (checked by `digest`).
+This is the unit both the in-process simulator and the real node drive: `train_inner` runs inner steps;
+the outer round itself (contribution, close, settle) is node/train/round.py's, on the worker's `outer`
+states, `feedback` residuals and flat weights (`flat` / `set_flat`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from pathswarm.compression import ErrorFeedback, encode
+from pathswarm.compression import ErrorFeedback
 from pathswarm.node.model.model import PathModel, build_path
 from pathswarm.node.train.checkpoint import ModuleState
 from pathswarm.node.train.inner import InnerStats, make_inner_optimizer, train_steps
 from pathswarm.node.train.outer import OuterState, pseudo_gradient
-from pathswarm.protocol.aggregate import Merged, merge
-from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
+from pathswarm.protocol.spec import SwarmSpec
 
 
 class PathWorker:
@@ -71,20 +66,6 @@ class PathWorker:
     def pseudo_grad(self, mid: str) -> torch.Tensor:
         return pseudo_gradient(self.outer[mid].anchor, self.flat(mid))
 
-    def encode_pseudo_grad(self, mid: str) -> bytes:
-        """The module's outer gradient as one codec frame (quantisation residual kept for next round)."""
-        codec = self.spec.codec
-        delta = self.pseudo_grad(mid)
-        args = dict(block_size=codec.block_size, zstd_level=codec.zstd_level, target_error=codec.target_error)
-        if not codec.error_feedback:
-            return encode(delta, **args)
-        return self.feedback[mid].encode(delta, **args)
-
-    def apply_outer(self, mid: str, avg_pseudo_grad: torch.Tensor) -> None:
-        """Outer Nesterov step on the module's anchor; the local weights restart from the new anchor."""
-        self.outer[mid].apply(avg_pseudo_grad, self.spec.outer)
-        self.set_flat(mid, self.outer[mid].anchor)
-
     def end_round(self) -> None:
         self.round_tokens = 0
         self.round_steps = 0
@@ -112,11 +93,3 @@ class PathWorker:
         self.outer[mid] = OuterState(anchor=anchor.clone(), momentum=state.momentum.float().clone(), round=state.round)
         self.set_flat(mid, anchor)
 
-
-def merge_frames(frames: Sequence[bytes], tokens: Sequence[int], numel: int, averaging: AveragingSpec,
-                 names: Sequence[str] | None = None) -> Merged:
-    """The module group's merge (protocol/aggregate.py, the reducer's rule) over holders' frames, in the
-    order given; `names` label the contributions (default: their index)."""
-    names = list(names) if names is not None else [str(i) for i in range(len(frames))]
-    return merge(list(zip(names, tokens, frames, strict=True)), numel, norm_bound=averaging.norm_bound,
-                 clip_factor=averaging.clip_factor, clip_iterations=averaging.clip_iterations)

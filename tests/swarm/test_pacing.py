@@ -39,15 +39,15 @@ def test_round_work_counts_nested_work_once(spec):
     under its own kind only, so the kinds add up to the time the training loop spent off its inner steps."""
     import time
 
-    from pathswarm.node.peer.runtime import Node, NodeConfig
+    from pathswarm.node.peer.node import Node, NodeConfig
 
     node = Node(NodeConfig(spec=spec, offline=True))
     t0 = time.perf_counter()
-    with node._round_work("settle"):
+    with node.work("settle"):
         time.sleep(0.05)
-        with node._round_work("checkpoint"):
+        with node.work("checkpoint"):
             time.sleep(0.4)
-    with node._round_work("settle"):
+    with node.work("settle"):
         time.sleep(0.05)
     spent = time.perf_counter() - t0
     work = node.status.round_work_s

@@ -126,7 +126,7 @@ def test_sigkill_while_writing_leaves_a_complete_round(tmp_path, delay_s):
 def test_a_resuming_node_takes_back_the_path_its_checkpoint_holds(tmp_path):
     """A restarted node with path 'auto' claims its checkpoint's path at once (no settling wait), and a
     checkpoint of another swarm or of no single path gives no path."""
-    from pathswarm.node.peer.runtime import Node, NodeConfig
+    from pathswarm.node.peer.node import Node, NodeConfig
 
     save_checkpoint(tmp_path / "mine", SPEC, 4, states(SPEC, 4))
     assert Node(NodeConfig(spec=SPEC, checkpoint_dir=str(tmp_path / "mine")))._checkpoint_path() == (0, 1)

@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from pathswarm.compression import decode, encode
+from pathswarm.node.peer.rounds import exchange_closer
 from pathswarm.node.train.outer import OuterState
 from pathswarm.protocol.aggregate import weighted_average
+from pathswarm.protocol.clock import ManualClock
 from pathswarm.protocol.exchange import RANK_LOST, LocalState, ModuleExchange, rank_lost
 from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
 from pathswarm.protocol.wire import MAGIC, WireError, read_message, write_message
@@ -23,6 +25,7 @@ SPEC = SwarmSpec(averaging=AveragingSpec(min_group=64, grace_s=0.5))
 
 
 def post_state(state: LocalState, avg: torch.Tensor) -> LocalState:
+    """The state after one outer step by hand: what the reducer's closed round must say."""
     s = OuterState(state.anchor.clone(), state.momentum.clone(), state.round)
     s.apply(avg, SPEC.outer)
     return LocalState(s.round, s.digest(), s.anchor, s.momentum)
@@ -31,7 +34,8 @@ def post_state(state: LocalState, avg: torch.Tensor) -> LocalState:
 def make_exchange(expected: int) -> tuple[ModuleExchange, LocalState]:
     st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
     mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
-    ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: mine if m == "L0M0" else None, post_state)
+    ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: mine if m == "L0M0" else None,
+                        exchange_closer(SPEC))
     ex.expected_holders["L0M0"] = expected
     return ex, mine
 
@@ -143,7 +147,8 @@ def sync_exchange(spec: SwarmSpec, peer_id: str) -> tuple[LocalState, ModuleExch
     """An offline exchange in sync-baseline mode holding one fresh module L0M0."""
     st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
     mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
-    return mine, ModuleExchange(spec, None, peer_id, {"L0M0": NUMEL}, lambda m: mine, post_state, sync_world=True)
+    return mine, ModuleExchange(spec, None, peer_id, {"L0M0": NUMEL}, lambda m: mine, exchange_closer(spec),
+                                sync_world=True)
 
 
 def test_sync_world_round_waits_past_the_grace_window_for_every_expected_member():
@@ -221,7 +226,7 @@ def test_an_open_round_takes_only_contributions_from_the_state_it_opened_with():
         before = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
         resynced = OuterState.fresh(torch.linspace(-2, 2, NUMEL))
         states = {"now": LocalState(0, before.digest(), before.anchor, before.momentum)}
-        ex = ModuleExchange(spec, None, "reducer", {"L0M0": NUMEL}, lambda m: states["now"], post_state)
+        ex = ModuleExchange(spec, None, "reducer", {"L0M0": NUMEL}, lambda m: states["now"], exchange_closer(spec))
         ex.expected_holders["L0M0"] = 3
         f = frames(2)
         first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, before.digest(), f[0]))
@@ -241,7 +246,7 @@ def test_a_late_member_is_late_however_many_rounds_other_modules_closed():
     async def go():
         states = {m: LocalState(0, OuterState.fresh(torch.linspace(-1, 1, NUMEL)).digest(),
                                 torch.linspace(-1, 1, NUMEL), torch.zeros(NUMEL)) for m in ("L0M0", "shared")}
-        ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL, "shared": NUMEL}, states.get, post_state)
+        ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL, "shared": NUMEL}, states.get, exchange_closer(SPEC))
         ex.expected_holders.update({"L0M0": 1, "shared": 1})  # each round closes with its first contribution
         f = frames(1)[0]
         first = await ex.reduce("L0M0", 0, "p0", 10, states["L0M0"].digest, f)
@@ -258,3 +263,57 @@ def test_a_late_member_is_late_however_many_rounds_other_modules_closed():
     assert first.status == "alone"
     assert late.status == "late" and late.mean_frame == first.mean_frame and late.contributors == ["p0"]
     assert stale.status == "out_of_sync"  # beyond RESULTS_KEPT rounds: the member must re-sync
+
+
+# ---- grace window and sync deadline on a clock the test moves: minutes of protocol time, no sleeping ----
+def clocked_exchange(spec: SwarmSpec, clock: ManualClock, sync_world: bool = False) -> tuple[LocalState,
+                                                                                          ModuleExchange]:
+    st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+    mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
+    return mine, ModuleExchange(spec, None, "reducer", {"L0M0": NUMEL}, lambda m: mine, exchange_closer(spec),
+                                sync_world=sync_world, clock=clock)
+
+
+@pytest.mark.timeout(10)  # a real 30 s grace window would not fit
+def test_the_grace_window_closes_a_partial_round_at_its_end_on_the_exchanges_clock():
+    spec = SwarmSpec(averaging=AveragingSpec(min_group=3, grace_s=30.0))
+
+    async def go():
+        clock = ManualClock()
+        mine, ex = clocked_exchange(spec, clock)
+        ex.expected_holders["L0M0"] = 3
+        f = frames(3)
+        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, mine.digest, f[0]))
+        second = asyncio.ensure_future(ex.reduce("L0M0", 0, "p1", 30, mine.digest, f[1]))
+        await clock.advance(29.9)
+        open_in_the_window = not first.done() and not second.done()
+        await clock.advance(0.1)
+        closed_at_its_end = first.done() and second.done()
+        late = await ex.reduce("L0M0", 0, "p2", 10, mine.digest, f[2])
+        return open_in_the_window, closed_at_its_end, first.result(), second.result(), late
+
+    open_in_the_window, closed_at_its_end, first, second, late = asyncio.run(go())
+    assert open_in_the_window and closed_at_its_end
+    assert first.status == second.status == "merged" and first.contributors == ["p0", "p1"] and first.tokens == 40
+    assert first.mean_frame == second.mean_frame
+    assert late.status == "late" and late.mean_frame == first.mean_frame  # the third holder missed the window
+
+
+@pytest.mark.timeout(10)  # a real 60 s deadline would not fit
+def test_the_sync_deadline_closes_a_round_that_a_live_member_never_joins():
+    spec = SwarmSpec(averaging=AveragingSpec(min_group=2, grace_s=5.0, timeout_s=60.0))
+
+    async def go():
+        clock = ManualClock()
+        mine, ex = clocked_exchange(spec, clock, sync_world=True)
+        ex.expected_holders["L0M0"] = 2
+        ex.live_holders["L0M0"] = {"reducer": 0, "p1": 0}  # p1 stays alive (its claim renewed) and never sends
+        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "reducer", 10, mine.digest, frames(1)[0]))
+        await clock.advance(59.0)  # eleven grace windows: a decoupled round would have closed long ago
+        waiting = not first.done()
+        await clock.advance(1.0)
+        return waiting, first.done(), first.result()
+
+    waiting, closed, result = asyncio.run(go())
+    assert waiting and closed
+    assert result.status == "alone" and result.contributors == ["reducer"] and result.tokens == 10

@@ -115,7 +115,7 @@ def test_our_adamw_takes_the_same_steps_as_torch_adamw():
 def test_a_node_training_step_imports_neither_dynamo_nor_sklearn():
     """Both cost ~3 s of CPU each at every node start (a restart's downtime, every test subprocess)."""
     code = ("import sys, torch\n"
-            "from pathswarm.node.peer import runtime\n"
+            "from pathswarm.node.peer import node\n"
             "from pathswarm.node.model import router\n"
             "from pathswarm.node.train.worker import PathWorker\n"
             "from pathswarm.protocol.spec import SwarmSpec, ModelSpec\n"

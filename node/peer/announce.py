@@ -1,0 +1,57 @@
+"""What a node tells the swarm about itself besides its claim: module announcements (round and digest, for
+joiners and `swarm status`), its metrics (loss history, throughput, bytes), and that it serves the spec.
+
+Records are built on the training thread from a consistent state and stored on the chores thread: a store
+that meets a dead peer waits seconds for it, and these records are advisory.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pathswarm.node.peer.background import Chores
+from pathswarm.node.peer.config import NodeStatus
+from pathswarm.node.train.worker import PathWorker
+from pathswarm.protocol.dht import announce_module, publish_metrics
+from pathswarm.protocol.records import MAX_HISTORY, ModuleAnnouncement, NodeMetrics
+from pathswarm.protocol.spec import SwarmSpec
+from pathswarm.protocol.spec_share import announce_spec_server
+
+logger = logging.getLogger(__name__)
+
+
+class Announcer:
+    def __init__(self, spec: SwarmSpec, sdht, status: NodeStatus, worker: PathWorker, chores: Chores | None):
+        self.spec, self.sdht, self.status, self.worker, self.chores = spec, sdht, status, worker, chores
+
+    def announce(self) -> None:
+        """Module announcements and metrics as of now; the DHT stores run on the chores thread."""
+        st = self.status
+        announcements = [ModuleAnnouncement(module_id=mid, round=o.round, digest=o.digest(), peer_id=self.sdht.peer_id,
+                                            numel=o.anchor.numel())
+                         for mid, o in ((mid, self.worker.outer[mid]) for mid in self.worker.module_ids)]
+        metrics = NodeMetrics(
+            path=self.worker.path, peer_id=self.sdht.peer_id, round=st.round, loss=max(0.0, st.loss),
+            tokens_per_s=st.tokens_per_s, bytes_sent=st.bytes_sent, bytes_received=st.bytes_received,
+            history=tuple((r, max(0.0, min(loss, 1e6))) for r, loss in st.loss_history[-MAX_HISTORY:] if loss == loss))
+        job = lambda: self._publish(announcements, metrics)  # noqa: E731
+        if self.chores is None:
+            job()
+        else:
+            self.chores.submit("announce", job)
+
+    def _publish(self, announcements: list[ModuleAnnouncement], metrics: NodeMetrics) -> None:
+        ttl = self.spec.averaging.claim_ttl_s * 4
+        try:
+            for ann in announcements:
+                announce_module(self.sdht, self.spec, ann, ttl)
+            publish_metrics(self.sdht, self.spec, metrics, ttl)
+            self.announce_spec_server()
+        except Exception as e:  # announcements are advisory; training goes on
+            logger.warning("could not announce: %s", e)
+
+    def announce_spec_server(self) -> None:
+        try:
+            announce_spec_server(self.sdht, self.spec.swarm_id)
+        except Exception as e:  # advisory: joiners also ask the initial peers directly
+            logger.warning("could not list this node as a spec server: %s", e)

@@ -1,0 +1,176 @@
+"""Who serves what: the node's path claim, the claims of its peers, and who reduces each module's round.
+
+`view_of` and `groups_of` are pure: the claims read from the DHT → a `ClaimsView` (per module: holders,
+holders that have trained a round, the round each live holder's claim says) → `Groups` (holders including
+ourselves, and each module's reducer). `Claims` does the DHT side: choosing and settling a path, publishing
+and renewing our claim, reading the others' (bounded in time), and remembering reducers that failed us.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from pathswarm.protocol.dht import publish_claim, read_claims, withdraw_claim
+from pathswarm.protocol.path_choice import choose_path
+from pathswarm.protocol.records import PathClaim
+from pathswarm.protocol.spec import SwarmSpec, format_path, parse_path
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClaimsView:
+    """What the last read of the claims said, per module of our path (our own claim left out)."""
+
+    holders: dict[str, frozenset[str]]
+    """Peers whose live claim covers the module."""
+    seasoned: dict[str, frozenset[str]]
+    """Those of them that have trained a round (claim round > 0): the only reducer candidates. A node that just
+    joined could otherwise reduce a round while still downloading state, and split the group in two."""
+    live: dict[str, dict[str, int]]
+    """Peer → the round its claim says (the synchronous baseline detects a dead member by it)."""
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The module groups as this node sees them now."""
+
+    holders: dict[str, list[str]]
+    """Module → its holders, ourselves included, sorted."""
+    reducers: dict[str, str]
+    """Module → the peer that reduces its next round."""
+    live: dict[str, dict[str, int]]
+    """Module → live holder → its claim's round, ourselves included."""
+
+
+def view_of(claims: Iterable[PathClaim], spec: SwarmSpec, module_ids: Iterable[str], me: str) -> ClaimsView:
+    holders: dict[str, set[str]] = {mid: set() for mid in module_ids}
+    seasoned: dict[str, set[str]] = {mid: set() for mid in holders}
+    live: dict[str, dict[str, int]] = {mid: {} for mid in holders}
+    for c in claims:
+        if c.peer_id == me:
+            continue  # our own claim may be older than our round: groups_of adds us as we are now
+        for mid in spec.module_ids(tuple(c.path)):
+            if mid in holders:
+                holders[mid].add(c.peer_id)
+                live[mid][c.peer_id] = c.round
+                if c.round > 0:
+                    seasoned[mid].add(c.peer_id)
+    return ClaimsView({m: frozenset(p) for m, p in holders.items()}, {m: frozenset(p) for m, p in seasoned.items()},
+                      live)
+
+
+def groups_of(view: ClaimsView, me: str, my_round: int, skip: set[str]) -> Groups:
+    """Holders and reducers: the smallest seasoned holder not in `skip` (peers that just failed us), else the
+    smallest holder, else ourselves. Every member that lost a reducer skips it alike, so all move to the same one."""
+    holders = {mid: peers | {me} for mid, peers in view.holders.items()}
+    seasoned = {mid: peers | ({me} if my_round > 0 else set()) for mid, peers in view.seasoned.items()}
+    reducers = {mid: min((seasoned[mid] - skip) or (holders[mid] - skip) or {me}) for mid in holders}
+    live = {mid: {**peers, me: my_round} for mid, peers in view.live.items()}
+    return Groups({mid: sorted(peers) for mid, peers in holders.items()}, reducers, live)
+
+
+class Claims:
+    """Our claim and our view of everyone's. Used by the training thread and the chores thread (renewals)."""
+
+    def __init__(self, sdht, spec: SwarmSpec, stop_event: threading.Event, my_round: Callable[[], int],
+                 on_groups: Callable[[Groups], None], clock: Callable[[], float] = time.monotonic):
+        self.sdht, self.spec, self.stop_event = sdht, spec, stop_event
+        self.my_round, self.on_groups, self.clock = my_round, on_groups, clock
+        self.module_ids: list[str] = []
+        self.claim: PathClaim | None = None
+        self.groups: Groups | None = None
+        # peer → clock time until which we do not pick it as a reducer: it failed a round of ours at the
+        # connection level (killed, restarting, frozen). Its claim may stay in the DHT for claim_ttl_s.
+        self.unreachable: dict[str, float] = {}
+        self._view: ClaimsView | None = None
+        self._view_started = 0.0  # clock time the installed view was read from
+        self._view_lock = threading.Lock()
+        self._claim_lock = threading.Lock()
+
+    # ---- choosing a path ------------------------------------------------------------------------
+    def choose_path(self, wanted: str) -> tuple[int, ...]:
+        if wanted != "auto":
+            return parse_path(wanted, self.spec)
+        claims = read_claims(self.sdht, self.spec)
+        return tuple(choose_path(self.spec, claims, 0.0, self.sdht.peer_id, self.sdht.dht_time()))
+
+    def settle_path(self, path: tuple[int, ...], wait_s: float = 1.5) -> tuple[int, ...]:
+        """Nodes that join at the same moment see the same claims and may pick the same path: claim,
+        wait a moment, re-read, and give the path up to a peer with a smaller id if a path is left
+        with less service (the peer with the smaller id keeps it, so exactly one of them moves)."""
+        me = self.sdht.peer_id
+        claim = publish_claim(self.sdht, self.spec, PathClaim(path=path, peer_id=me, tokens_per_s=0.0, round=0,
+                                                              expires_at=0.0))
+        self.stop_event.wait(wait_s)
+        claims = read_claims(self.sdht, self.spec)
+        rivals = [c for c in claims if tuple(c.path) == path and c.peer_id < me]
+        if rivals:
+            others = [c for c in claims if c.peer_id != me]
+            better = tuple(choose_path(self.spec, others, 0.0, me, self.sdht.dht_time()))
+            if better != path:
+                logger.info("path %s is taken by %s; moving to %s", format_path(path), rivals[0].peer_id[-8:],
+                            format_path(better))
+                if claim is not None:
+                    withdraw_claim(self.sdht, self.spec, claim)
+                return better
+        return path
+
+    # ---- our claim ----------------------------------------------------------------------------
+    def publish(self, path: tuple[int, ...], tokens_per_s: float, view_timeout_s: float | None = None) -> None:
+        """Store (or renew) our claim at our current round, then read everyone's."""
+        self.module_ids = self.spec.module_ids(path)
+        with self._claim_lock:  # the training thread (round 1) and the chores thread: one store at a time, in order
+            claim = PathClaim(path=path, peer_id=self.sdht.peer_id, tokens_per_s=tokens_per_s, round=self.my_round(),
+                              expires_at=0.0)
+            self.claim = publish_claim(self.sdht, self.spec, claim) or claim
+        self.refresh(view_timeout_s)
+
+    def withdraw(self) -> None:
+        if self.claim is not None:
+            withdraw_claim(self.sdht, self.spec, self.claim)
+
+    # ---- the view -----------------------------------------------------------------------------
+    def refresh(self, timeout_s: float | None = None) -> None:
+        """Read the claims (seconds if a peer just died; TimeoutError past timeout_s) and derive the groups."""
+        started = self.clock()
+        claims = read_claims(self.sdht, self.spec, timeout_s=timeout_s)
+        view = view_of(claims, self.spec, self.module_ids, self.sdht.peer_id)
+        with self._view_lock:
+            if started < self._view_started:
+                return  # a read that began earlier (and waited on a dead peer) must not replace a fresher view
+            self._view, self._view_started = view, started
+            self._derive()
+
+    def rederive(self) -> None:
+        """Re-derive the groups from the last claims read, with the peers that failed us since skipped."""
+        with self._view_lock:
+            if self._view is not None:
+                self._derive()
+
+    def mark_unreachable(self, peer: str) -> None:
+        with self._view_lock:
+            self.unreachable[peer] = self.clock() + self.spec.averaging.claim_ttl_s
+
+    def _derive(self) -> None:  # held: self._view_lock
+        now = self.clock()
+        self.unreachable = {p: until for p, until in self.unreachable.items() if until > now}
+        self.groups = groups_of(self._view, self.sdht.peer_id, self.my_round(), set(self.unreachable))
+        self.on_groups(self.groups)
+
+    def wait_for_peers(self, count: int, timeout_s: float) -> None:
+        """Before training, wait (at most timeout_s) until `count` nodes, us included, hold our modules."""
+        if count <= 1:
+            return
+        deadline = time.monotonic() + timeout_s
+        while not self.stop_event.is_set() and time.monotonic() < deadline:
+            self.refresh()
+            nodes = set().union(*map(set, self.groups.holders.values())) if self.groups.holders else set()
+            if len(nodes) >= count:
+                return
+            self.stop_event.wait(0.5)
+        logger.warning("only some of the %d peers waited for are here; training anyway", count)

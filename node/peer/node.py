@@ -1,0 +1,424 @@
+"""A pathswarm node: join the DHT, claim a path, sync its modules, train, average each module with its holders.
+
+The round, as straight code in `Node.train_loop`:
+  1. H inner AdamW steps on the documents routed to our path (`PathWorker.train_inner`);
+  2. for every module of the path: outer gradient → codec frame (error feedback) → sent to the module's
+     reducer for this round, in the background (node/peer/rounds.py, protocol/exchange.py);
+  3. the next H inner steps start at once; when a round's mean lands (checked between inner steps) it is
+     settled by the round rule (node/train/round.py): outer Nesterov on the anchor, local weights shifted by
+     the anchor's change so the progress made meanwhile is kept (decoupled, as in Decoupled DiLoCo);
+  4. once every module's round is settled: atomic checkpoint, module announcements, metrics.
+Before sending round r+1 the node waits (bounded) for round r's results: one exchange in flight.
+
+The parts: config.py (options, status record), claims.py (path claim, who holds and reduces each module),
+state_sync.py (a module's state from peers), rounds.py (rounds in flight), resume.py (the round in progress
+on disk), announce.py (DHT records), status.py (files and timers).
+
+SIGINT/SIGTERM: stop at the next inner step, settle or abandon the round in flight, checkpoint the last
+complete round, withdraw the claim, exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+import torch
+
+from pathswarm.node.model.data import DataSpec, TokenSampler, load_documents, split
+from pathswarm.node.model.router import documents_of_path
+from pathswarm.node.peer.announce import Announcer
+from pathswarm.node.peer.background import Chores
+from pathswarm.node.peer.claims import Claims, Groups
+from pathswarm.node.peer.config import CLAIMS_READ_S, ROUND1_SETTLE_S, NodeConfig, NodeStatus
+from pathswarm.node.peer.resume import PartialRounds
+from pathswarm.node.peer.rounds import Rounds, exchange_closer
+from pathswarm.node.peer.state_sync import StateSync
+from pathswarm.node.peer.status import PhaseClock, RoundWork, write_ready, write_status
+from pathswarm.node.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from pathswarm.node.train.inner import evaluate_loss
+from pathswarm.node.train.worker import PathWorker
+from pathswarm.protocol.exchange import ModuleExchange
+from pathswarm.protocol.net import SwarmNet, start_net
+from pathswarm.protocol.netloop import NetLoop
+from pathswarm.protocol.spec import SwarmSpec, format_path, parse_path
+from pathswarm.protocol.spec_share import SpecServer
+from pathswarm.protocol.wire import Traffic
+
+__all__ = ["Node", "NodeConfig", "NodeStatus"]
+
+logger = logging.getLogger(__name__)
+
+
+class Node:
+    def __init__(self, cfg: NodeConfig, handle_signals: bool = False):
+        self.cfg, self.spec, self.handle_signals = cfg, cfg.spec, handle_signals
+        self.stop_event = threading.Event()
+        self.status = NodeStatus()
+        self.work = RoundWork(self.status)
+        self.partial = PartialRounds(cfg, self.status)
+        self.sdht = self.claims = self.chores = self.heartbeat = self.announcer = None
+        self.worker = self.exchange = self.rounds = self.sync = self.net = None
+        self.reducers: dict[str, str] = {}
+        self._checkpoint = None  # None: not read yet; False: none usable (see _load_checkpoint)
+        self._chunk_tokens = 0  # tokens of the chunk being trained, not yet added to status.tokens_trained
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def run(self) -> int:
+        cfg, spec = self.cfg, self.spec
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        device = self._device()
+        logger.info("training on %s", device)
+        clock = PhaseClock()
+        docs = load_documents(DataSpec(corpus="dir", path=cfg.data_dir) if cfg.data_dir else spec.data)
+        train, val = split(docs, spec.data.val_fraction)
+        clock.lap("data")
+        if not cfg.offline:
+            self.sdht = start_node_dht(cfg, spec)
+            self.claims = Claims(self.sdht, spec, self.stop_event, lambda: self.status.round, self._use_groups)
+            clock.lap("dht")
+        self.net = NetLoop()
+        if self.handle_signals:
+            # After the DHT process is forked, so it does not inherit our handler (ParentBoundDHT also resets it).
+            self._install_signal_handlers()
+        try:
+            self.status.peer_id = "offline" if cfg.offline else self.sdht.peer_id
+            path = self._pick_path()
+            self.status.path = format_path(path)
+            clock.lap("path")
+            sampler = TokenSampler(documents_of_path(spec, train, path), spec.model.context_len, seed=cfg.seed)
+            clock.lap("routing")
+            self.worker = PathWorker(spec, path, lambda: sampler.sample(spec.inner.batch_size),
+                                     name=self.status.peer_id, device=device)
+            self._start_exchange()
+            if cfg.offline:
+                self._use_groups(Groups({mid: [self.status.peer_id] for mid in self.worker.module_ids},
+                                        {mid: self.status.peer_id for mid in self.worker.module_ids}, {}))
+            else:
+                self.claims.publish(path, self.status.tokens_per_s)
+                self.claims.wait_for_peers(cfg.wait_peers, cfg.wait_peers_timeout_s)
+            clock.lap("model+claim")
+            self._initial_sync()
+            clock.lap("sync")
+            val_docs = documents_of_path(spec, val, path, allow_empty=True) or val
+            self.val_batches = list(TokenSampler(val_docs, spec.model.context_len, seed=0)
+                                    .eval_batches(spec.inner.batch_size, cfg.eval_batches))
+            self.status.val_loss_before = evaluate_loss(self.worker.model, self.val_batches)[0]
+            clock.lap("eval")
+            logger.info("ready %s", clock)
+            write_ready(cfg.ready_file, self.status.peer_id, [] if cfg.offline else self.sdht.visible_maddrs(),
+                        self.status.path)
+            if not cfg.offline:
+                self.chores = Chores()
+                self.announcer.chores = self.chores
+                self.heartbeat = threading.Thread(target=self._heartbeat, name="pathswarm-heartbeat", daemon=True)
+                self.heartbeat.start()
+            self.status.state = "training"
+            t0 = time.perf_counter()
+            self.train_loop()
+            self.status.train_wall_s = time.perf_counter() - t0
+            self.status.val_loss_after = evaluate_loss(self.worker.model, self.val_batches)[0]
+            self.status.state = "stopped"
+            self._save()
+            self._save_partial()  # after the round checkpoint it builds on: a restart resumes this very round
+            self._write_status()
+            return 0
+        finally:
+            self._leave()
+
+    def _install_signal_handlers(self) -> None:
+        def handler(signum, frame):
+            logger.info("signal %d: finishing the round and leaving the swarm", signum)
+            self.stop_event.set()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def _start_exchange(self) -> None:
+        spec, offline = self.spec, self.cfg.offline
+        self.traffic = Traffic()
+        numels = {mid: self.worker.outer[mid].anchor.numel() for mid in self.worker.module_ids}
+        streams = None if offline else self.net.run(self.sdht.streams(), 30)
+        self.exchange = ModuleExchange(spec, streams, self.status.peer_id, numels,
+                                       lambda mid: self.sync.local_states.get(mid), exchange_closer(spec),
+                                       self.traffic, membership=self.cfg.membership, sync_world=self.cfg.sync_rounds)
+        self.net.run(self.exchange.start(), 30)
+        self.sync = StateSync(spec, self.worker, self.status, self.exchange, self.net, self.sdht)
+        self.rounds = Rounds(self.cfg, self.status, self.worker, self.exchange, self.net,
+                             self.claims.mark_unreachable if self.claims else (lambda peer: None),
+                             self.sync.publish_local)
+        if not offline:  # any member can hand the spec to a machine joining with --join
+            self.net.run(SpecServer([spec]).start(streams), 30)
+            self.announcer = Announcer(spec, self.sdht, self.status, self.worker, None)
+            self.announcer.announce_spec_server()
+
+    def _device(self) -> str:
+        if self.cfg.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.cfg.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available")
+        return self.cfg.device
+
+    # ---- path, claims and groups -------------------------------------------------------------
+    def _pick_path(self) -> tuple[int, ...]:
+        if self.cfg.offline:
+            return self.spec.path_of_index(0) if self.cfg.path == "auto" else parse_path(self.cfg.path, self.spec)
+        if self.cfg.path == "auto" and (resumed := self._checkpoint_path()) is not None:
+            # A restarted node takes its path back without the settling wait: its checkpoint holds that
+            # path's modules, and its claim lapsed only moments ago (no other node is likely to have moved in).
+            return resumed
+        path = self.claims.choose_path(self.cfg.path)
+        return self.claims.settle_path(path) if self.cfg.path == "auto" else path
+
+    def _use_groups(self, groups: Groups) -> None:
+        """Install freshly derived groups: reducers for our sends, group sizes for the rounds we reduce."""
+        self.reducers = groups.reducers
+        for mid, peers in groups.holders.items():
+            if self.cfg.sync_rounds:
+                # A data-parallel job's world only grows: a dead worker still counts, and the round waits
+                # for it to come back (up to timeout_s), as a collective waits for a missing rank.
+                self.exchange.expected_holders[mid] = max(len(peers), self.exchange.expected_holders.get(mid, 0))
+                self.exchange.live_holders[mid] = groups.live[mid]  # one assignment: the network thread reads it
+            else:
+                self.exchange.expected_holders[mid] = len(peers)
+
+    def _renew_claim(self) -> None:
+        try:
+            # At start the first view is worth waiting for; a renewal must not hold the chores thread for long.
+            self.claims.publish(self.worker.path, self.status.tokens_per_s,
+                                None if self.chores is None else 3 * CLAIMS_READ_S)
+        except Exception as e:  # a DHT hiccup must not kill training; the heartbeat retries
+            logger.warning("could not renew the claim: %s", e)
+
+    def _heartbeat(self) -> None:
+        # A timer only: the renewal runs on the chores thread, so no two DHT writes of our claim race.
+        period = max(1.0, self.spec.averaging.claim_ttl_s / 3)
+        while not self.stop_event.wait(period):
+            self.chores.submit("claim", self._renew_claim, first=True)
+
+    def _refresh_claims(self, timeout_s: float | None = None) -> None:
+        if self.claims is None:
+            return
+        try:
+            self.claims.refresh(timeout_s)
+        except TimeoutError as e:
+            self.status.claims_read_late += 1
+            logger.debug("claims: %s; the last view serves", e)
+            self.claims.rederive()
+        except Exception as e:  # keep the last view; the round still runs
+            logger.warning("could not read claims: %s", e)
+
+    # ---- checkpoint and state ----------------------------------------------------------------
+    def _load_checkpoint(self):
+        """Our checkpoint, validated against the spec, or None (loaded once: the path choice and the sync use it)."""
+        if not self.cfg.checkpoint_dir:
+            return None
+        if self._checkpoint is None:
+            try:
+                self._checkpoint = load_checkpoint(self.cfg.checkpoint_dir, self.spec)
+            except CheckpointError as e:
+                logger.info("no usable checkpoint (%s)", e)
+                self._checkpoint = False
+        return self._checkpoint or None
+
+    def _checkpoint_path(self) -> tuple[int, ...] | None:
+        """The path whose modules our checkpoint holds, if it holds exactly one path's."""
+        ckpt = self._load_checkpoint()
+        if ckpt is None:
+            return None
+        held = set(ckpt.modules)
+        paths = (self.spec.path_of_index(i) for i in range(self.spec.n_paths))
+        return next((p for p in paths if set(self.spec.module_ids(p)) == held), None)
+
+    def _initial_sync(self) -> None:
+        ckpt = self._load_checkpoint()
+        if ckpt is not None and not set(self.worker.module_ids) <= set(ckpt.modules):
+            logger.info("the checkpoint holds another path's modules (%s); not resuming from it",
+                        ", ".join(sorted(ckpt.modules)))
+            ckpt = None
+        carry = None
+        if ckpt is not None:
+            self.status.checkpoint_round = ckpt.round
+            for mid in self.worker.module_ids:
+                self.worker.restore(mid, ckpt.modules[mid])
+            carry = self.partial.resume(self.worker)
+            if carry is not None:
+                self.rounds.carry = carry
+        self.sync.initial(ckpt, resumed=carry is not None)
+
+    def _save(self) -> None:
+        if self.cfg.checkpoint_dir and self.worker is not None:
+            round_ = max(st.round for st in self.worker.outer.values())
+            save_checkpoint(self.cfg.checkpoint_dir, self.spec, round_,
+                            {mid: self.worker.module_state(mid) for mid in self.worker.module_ids})
+
+    def _save_partial(self) -> None:
+        if self.worker is None or self.rounds.abandoned:
+            return
+        # Steps already sent are not saved: if their round merged, the swarm's anchor holds them already.
+        inf = self.rounds.in_flight
+        bases = {mid: inf[mid].sent.local_when_sent if mid in inf else self.worker.outer[mid].anchor
+                 for mid in self.worker.module_ids}
+        self.partial.save(self.worker, bases, self.rounds.carry, self._chunk_tokens)
+
+    # ---- the round loop ----------------------------------------------------------------------
+    def train_loop(self) -> None:
+        spec, H = self.spec, self.spec.inner.steps
+        rounds_sent, first_round = 0, self.status.round
+        while not self.stop_event.is_set():
+            t0 = time.perf_counter()
+            losses: list[float] = []
+            chunk_tokens = self._chunk_tokens = 0
+            # A round resumed after a restart (node/peer/resume.py) already has some of its steps.
+            for i in range(min(self.partial.take_resumed_steps(), H - 1), H):
+                t_step = time.perf_counter()
+                stats = self.worker.train_inner(1)
+                losses.extend(stats.losses)
+                chunk_tokens += stats.tokens
+                self._chunk_tokens = chunk_tokens  # not in tokens_trained yet: a saved round in progress says so
+                self._pace(t_step, stats.tokens)
+                self.status.inner_step, self.status.loss = self.worker.inner_step, losses[-1]
+                self.partial.maybe_save(self._save_partial, self.work)
+                if self.worker.inner_step % 10 == 0:
+                    with self.work("status"):
+                        self._write_status()
+                self._poll(block=False)
+                if self.stop_event.is_set():
+                    break
+                if self.rounds.catch_up and i + 1 >= H // 2:
+                    # Our last round came late: a shorter chunk moves our next send earlier, back into the group's
+                    # window (a node whose phase drifted, or a slower one, would otherwise stay late every round).
+                    self.rounds.catch_up = False
+                    break
+            self._end_chunk(losses, chunk_tokens, time.perf_counter() - t0, first_round)
+            # Round r-1 must settle before round r is sent. It normally settled while we trained; if its reducer
+            # is frozen or slow, a decoupled node stands still for the grace window at most, then trains on: the
+            # next outer gradient carries these steps too (sync mode waits, as data-parallel training does).
+            with self.work("settle"):
+                self._poll_timed(None if self.cfg.sync_rounds else spec.averaging.grace_s)
+            if self.stop_event.is_set():
+                break
+            if self.rounds.in_flight:
+                logger.info("previous round still open after %.0f s: training on", spec.averaging.grace_s)
+                continue
+            with self.work("claims"):
+                # Read where the round is sent: every member picks the reducer from a view this fresh, so views
+                # agree when membership changes. Decoupled, the read is bounded: a lookup that meets a just-dead
+                # peer waits seconds for it, and then the last view (with failed reducers skipped) serves.
+                self._refresh_claims(None if self.cfg.sync_rounds else CLAIMS_READ_S)
+            with self.work("send"):
+                self.partial.on_send()
+                self.rounds.send(self.reducers)
+            rounds_sent += 1
+            if self.cfg.sync_rounds:
+                with self.work("settle"):
+                    self._poll_timed()  # data-parallel: nobody trains on until the round is done
+            if self.cfg.max_rounds and rounds_sent >= self.cfg.max_rounds:
+                self._poll(block=True)
+                break
+        self._poll(block=True, timeout_s=spec.averaging.grace_s)
+
+    def _pace(self, t_step: float, tokens: int) -> None:
+        if self.cfg.max_tokens_per_s > 0:
+            # Pace every step on its own: time lost to a frozen machine is not made up by running faster.
+            ahead = t_step + tokens / self.cfg.max_tokens_per_s - time.perf_counter()
+            if ahead > 0:
+                self.stop_event.wait(ahead)
+
+    def _end_chunk(self, losses: list[float], tokens: int, elapsed_s: float, first_round: int) -> None:
+        st = self.status
+        st.loss = sum(losses[-10:]) / max(1, len(losses[-10:]))
+        st.loss_curve.append(st.loss)
+        # numbered by rounds trained, counted from the round the node started (or resumed) at
+        st.loss_history.append((first_round + len(st.loss_curve), st.loss))
+        st.tokens_trained += tokens
+        self._chunk_tokens = 0
+        st.tokens_per_s = tokens / max(elapsed_s, 1e-9)
+
+    def _poll_timed(self, timeout_s: float | None = None) -> None:
+        """Wait (at most timeout_s; None: the round's own timeout) for the rounds in flight to settle, keeping
+        unsettled ones in flight, and record how long training stood still."""
+        t0 = time.monotonic()
+        if self.cfg.sync_rounds and timeout_s is None:
+            # The reducer fails the round when a member dies: it learns that from the claims we read here.
+            deadline = t0 + self.spec.averaging.grace_s + self.spec.averaging.timeout_s + 5
+            while self.rounds.in_flight and not self.stop_event.is_set() and time.monotonic() < deadline:
+                self._poll(block=True, timeout_s=1.0, abandon=False)
+                if self.rounds.in_flight:
+                    self._refresh_claims()
+            self._poll(block=False, abandon=False)  # settles nothing new; completes the round if it is done
+        else:
+            self._poll(block=True, timeout_s=timeout_s, abandon=False)
+        self.status.wait_max_s = max(self.status.wait_max_s, round(time.monotonic() - t0, 3))
+
+    def _poll(self, block: bool, timeout_s: float | None = None, abandon: bool = True) -> None:
+        if self.rounds.poll(block, timeout_s, abandon):
+            self._round_complete()
+        for mid, peer in list(self.rounds.resync_from.items()):
+            if self.sync.download(mid, peer, keep_progress=True):
+                logger.info("re-synced %s from %s at round %d", mid, peer[-8:], self.worker.outer[mid].round)
+                self.sync.publish_local(mid)
+            self.rounds.resync_from.pop(mid)
+
+    def _round_complete(self) -> None:
+        st = self.status
+        st.round += 1
+        if st.round == 1 and self.chores is not None:
+            # Our claim now says we have trained a round, so we may reduce. Stored before our next send, on this thread
+            # (once per run): peers that read it late would pick another reducer than we do, a split round. The pause
+            # (once per run too) lets the renewals of peers that finished round 1 with us land before we read claims.
+            self._renew_claim()
+            self.stop_event.wait(ROUND1_SETTLE_S)
+        st.bytes_sent, st.bytes_received = self.traffic.sent, self.traffic.received
+        for mid, peer in list(self.exchange.behind.items()):
+            self.rounds.resync_from[mid] = peer
+            self.exchange.behind.pop(mid, None)
+        with self.work("checkpoint"):
+            self._save()
+        self.partial.renew_next_step()
+        if self.announcer is not None:
+            with self.work("announce"):
+                self.announcer.announce()
+        with self.work("status"):
+            self._write_status()
+        logger.info("round %d: loss %.4f, %.0f tok/s, group %d, sent %d B, received %d B", st.round, st.loss,
+                    st.tokens_per_s, st.last_group, st.bytes_sent, st.bytes_received)
+
+    def _write_status(self) -> None:
+        if self.rounds is not None:
+            self.status.tokens_unmerged = self.rounds.unmerged_tokens()
+        if self.exchange is not None:
+            self.status.tokens_reduced = self.exchange.tokens_reduced.get("shared", 0)
+        write_status(self.cfg.status_file, self.status)
+
+    def _leave(self) -> None:
+        self.stop_event.set()
+        if self.heartbeat is not None:
+            self.heartbeat.join(timeout=10)
+        if self.chores is not None:
+            # The last round's announcement goes out (bounded: a store can wait seconds on a dead peer).
+            if not (self.chores.wait_idle(timeout_s=5) and self.chores.close(timeout_s=1)):
+                self.chores.close(timeout_s=0)
+                # Typically the last announcement, meeting peers that are leaving too: advisory, not worth waiting for.
+                logger.info("a DHT store is still running; leaving without it")
+        try:
+            if self.claims is not None:
+                self.claims.withdraw()
+        except Exception as e:
+            logger.warning("could not withdraw the claim: %s", e)
+        if self.net is not None:
+            self.net.stop()
+            if self.status.state == "stopped":
+                self._write_status()  # rounds we closed for others until our network stopped count too
+        if self.sdht is not None:
+            self.sdht.shutdown()
+
+
+def start_node_dht(cfg: NodeConfig, spec: SwarmSpec) -> SwarmNet:
+    """Join the DHT (a NetStartError, whose message says what to check, when it cannot start; one for an initial
+    peer that serves another swarm too)."""
+    return start_net(list(cfg.initial_peers), list(cfg.host_maddrs), spec=spec,
+                     identity_path=cfg.identity_path or None, membership=cfg.membership)

@@ -1,0 +1,168 @@
+"""The node's outer rounds with its peers: send each module's contribution to its reducer, settle what comes back.
+
+The rule itself (contribution, settle) is node/train/round.py's, the very functions the simulator runs; this
+file adds what only a live node has: the exchange in the background (protocol/exchange.py), rounds still in
+flight while the next inner steps train, tokens carried across rounds that did not merge, reducers that failed
+us, and re-syncs when our replica is not the group's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from pathswarm.node.peer.config import NodeConfig, NodeStatus
+from pathswarm.node.train.outer import OuterState
+from pathswarm.node.train.round import Contribution, close_round, make_contribution, settle
+from pathswarm.node.train.worker import PathWorker
+from pathswarm.protocol.exchange import RANK_LOST, UNREACHABLE, Closed, Closer, LocalState, ModuleExchange, RoundResult
+from pathswarm.protocol.netloop import NetLoop
+from pathswarm.protocol.spec import SwarmSpec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class InFlight:
+    """One module's round sent and not settled yet."""
+
+    future: Future
+    sent: Contribution
+    reducer: str
+    """Who reduces the round: the peer to re-sync from if it answers that the group is elsewhere."""
+
+
+class Rounds:
+    """Rounds in flight, tokens carried, re-syncs pending. Driven by the training thread only."""
+
+    def __init__(self, cfg: NodeConfig, status: NodeStatus, worker: PathWorker, exchange: ModuleExchange,
+                 net: NetLoop, mark_unreachable: Callable[[str], None], publish_local: Callable[[str], None]):
+        self.cfg, self.spec, self.status = cfg, cfg.spec, status
+        self.worker, self.exchange, self.net = worker, exchange, net
+        self.mark_unreachable, self.publish_local = mark_unreachable, publish_local
+        self.in_flight: dict[str, InFlight] = {}
+        # module → tokens whose steps stayed in our local weights without being merged (a late, failed or
+        # skipped round): the next outer gradient of that module carries those steps, so it counts them too.
+        self.carry: dict[str, int] = {}
+        self.resync_from: dict[str, str] = {}
+        self.catch_up = False  # our last round came late: make the next chunk shorter
+        self.settled_any = False  # a round settled since the last completed one
+        self.abandoned = False  # a round's fate is unknown: its steps may or may not be in the swarm's anchor
+
+    def send(self, reducers: dict[str, str]) -> None:
+        """Every module's outer gradient to its reducer; the rounds run in the background."""
+        tokens = self.worker.round_tokens
+        timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
+        for mid in self.worker.module_ids:
+            if mid in self.resync_from:
+                self.carry[mid] = self.carry.get(mid, 0) + tokens  # re-synced keeping our progress
+                continue
+            st = self.worker.outer[mid]
+            sent = make_contribution(st, self.worker.flat(mid), self.worker.feedback[mid], self.spec.codec,
+                                     tokens + self.carry.pop(mid, 0))
+            reducer = reducers[mid]
+            fut = self.net.submit(self.exchange.contribute(reducer, mid, sent.round, sent.tokens, sent.digest_before,
+                                                           sent.frame, timeout))
+            self.in_flight[mid] = InFlight(fut, sent, reducer)
+        self.worker.end_round()
+
+    def poll(self, block: bool, timeout_s: float | None = None, abandon: bool = True) -> bool:
+        """Settle the rounds that are done (blocking: wait for them up to timeout_s). Returns True when this
+        leaves no round in flight after at least one settled: the round is complete. abandon: give up on
+        rounds still open at the deadline (at shutdown)."""
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None
+                                       else self.spec.averaging.grace_s + self.spec.averaging.timeout_s + 5)
+        for mid in list(self.in_flight):
+            item = self.in_flight[mid]
+            if not item.future.done():
+                if not block:
+                    continue
+                try:
+                    item.future.result(max(0.0, deadline - time.monotonic()))
+                except Exception:
+                    pass
+            if not item.future.done() and not abandon:
+                continue
+            self.in_flight.pop(mid)
+            if not item.future.done():
+                logger.warning("round of %s still open at shutdown; abandoned", mid)
+                self.abandoned = True
+                continue
+            self._settle(mid, item)
+        complete = not self.in_flight and self.settled_any
+        if complete:
+            self.settled_any = False
+        return complete
+
+    def _settle(self, mid: str, item: InFlight) -> None:
+        result: RoundResult = item.future.result()
+        self.settled_any = True
+        st = self.worker.outer[mid]
+        logger.debug("module %s round %d: %s with %d contributors (%s)", mid, result.round, result.status,
+                     len(result.contributors), result.reason)
+        self.status.history.setdefault(mid, {})
+        discard = self.cfg.sync_rounds and result.reason.startswith(RANK_LOST)
+        done = settle(st, item.sent, self.worker.flat(mid), result.status, result.round,
+                      result.mean_frame if result.applicable else b"", result.digest_after, self.spec.outer,
+                      discard=discard)
+        if done.local is not None:
+            self.worker.set_flat(mid, done.local)
+        if done.restore_feedback:
+            self.worker.feedback[mid].load_state_dict(item.sent.feedback_before)
+        if done.carried_tokens:
+            self.carry[mid] = self.carry.get(mid, 0) + done.carried_tokens  # our steps are still in the local weights
+        if mid == "shared":
+            self.status.tokens_merged += done.merged_tokens
+            self.status.tokens_discarded += done.discarded_tokens
+        if done.applied:
+            if result.status == "late":
+                self.catch_up = True
+            if done.diverged:
+                # Our replica is not the group's: the re-sync replaces it, and the history does not record it.
+                logger.error("module %s round %d: digest %s != group's %s; re-syncing", mid, result.round,
+                             done.digest_after, result.digest_after)
+                self.status.digest_mismatches += 1
+                self._resync_later(mid, item.reducer)
+            if mid == "shared":
+                self.status.last_group = len(result.contributors)
+            self.publish_local(mid)
+            if not done.diverged:
+                self.status.history[mid][str(st.round)] = done.digest_after
+                self.status.groups.setdefault(mid, {})[str(st.round)] = list(result.contributors)
+            return
+        if result.reason.startswith(UNREACHABLE) and item.reducer != self.status.peer_id:
+            self.mark_unreachable(item.reducer)
+        self.status.rounds_failed += 1
+        reason = result.reason if not result.applicable else done.reason
+        logger.warning("module %s round %d: %s (%s)", mid, st.round, result.status, reason)
+        if result.status == "out_of_sync":
+            self._resync_later(mid, item.reducer)
+        # "behind": the reducer re-syncs itself; our outer gradient waits for the next round
+
+    def _resync_later(self, mid: str, peer: str) -> None:
+        """Download `mid` from `peer` (the reducer that said the group is elsewhere) at the next poll. Not the
+        reducer of the next round: views of who reduces may differ for a moment, and it may be ourselves."""
+        if peer != self.status.peer_id:
+            self.resync_from[mid] = peer
+        else:
+            logger.warning("module %s: our own reducer disagrees with our state; waiting for the next round", mid)
+
+    def unmerged_tokens(self) -> int:
+        flight = self.in_flight.get("shared")
+        return self.carry.get("shared", 0) + self.worker.round_tokens + (flight.sent.tokens if flight else 0)
+
+
+def exchange_closer(spec: SwarmSpec) -> Closer:
+    """The round rule's `close_round` in the exchange's terms: what a reducer runs when a round closes."""
+
+    def close(contributions: list[tuple[str, int, bytes]], numel: int, before: LocalState | None) -> Closed:
+        state = None if before is None else OuterState(before.anchor, before.momentum, before.round)
+        c = close_round(contributions, numel, spec, state)
+        after = None if c.after is None else LocalState(c.after.round, c.after.digest(), c.after.anchor,
+                                                        c.after.momentum)
+        return Closed(c.mean_frame, c.used, c.tokens, c.rejected, after)
+
+    return close

@@ -1,0 +1,79 @@
+"""A module's state from the swarm: the newest at start (a peer, else our checkpoint, else the seed init), a
+re-sync when our replica is not the group's, and what we serve to others (`local_states`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from pathswarm.node.peer.config import NodeStatus
+from pathswarm.node.train.checkpoint import Checkpoint, ModuleState
+from pathswarm.node.train.outer import state_digest
+from pathswarm.node.train.worker import PathWorker
+from pathswarm.protocol.dht import read_module_holders
+from pathswarm.protocol.exchange import LocalState, ModuleExchange
+from pathswarm.protocol.netloop import NetLoop
+from pathswarm.protocol.spec import SwarmSpec
+
+logger = logging.getLogger(__name__)
+
+
+class StateSync:
+    def __init__(self, spec: SwarmSpec, worker: PathWorker, status: NodeStatus, exchange: ModuleExchange,
+                 net: NetLoop, sdht=None):
+        self.spec, self.worker, self.status = spec, worker, status
+        self.exchange, self.net, self.sdht = exchange, net, sdht
+        self.local_states: dict[str, LocalState] = {}
+        """Module → its state as of our last applied round: what the exchange serves and checks digests against."""
+
+    def publish_local(self, mid: str) -> None:
+        st = self.worker.outer[mid]
+        digest = st.digest()
+        self.local_states[mid] = LocalState(st.round, digest, st.anchor.clone(), st.momentum.clone())
+        self.status.digests[mid] = digest
+        self.status.module_rounds[mid] = st.round
+
+    def initial(self, ckpt: Checkpoint | None, resumed: bool) -> None:
+        """Newest state of every module: from a peer, else our checkpoint (already restored), else the seed init.
+        A round we resumed stays on top of a newer anchor, as after a re-sync."""
+        for mid in self.worker.module_ids:
+            source = "seed" if ckpt is None else f"checkpoint round {ckpt.modules[mid].round}"
+            for ann in ([] if self.sdht is None else read_module_holders(self.sdht, self.spec, mid)):
+                if ann.peer_id == self.sdht.peer_id or ann.round <= self.worker.outer[mid].round:
+                    break
+                if self.download(mid, ann.peer_id, keep_progress=resumed):
+                    source = f"peer {ann.peer_id[-8:]} round {self.worker.outer[mid].round}"
+                    break
+            self.publish_local(mid)
+            logger.info("module %s from %s", mid, source)
+
+    def download(self, mid: str, peer: str, keep_progress: bool = False) -> bool:
+        """Adopt `peer`'s state of `mid` if it matches its own digest; keep_progress: our local steps since our
+        anchor stay on top of the new one."""
+        timeout_s = self.spec.averaging.timeout_s
+        got = self.net.run(self.exchange.fetch_state(peer, mid, timeout_s), timeout_s + 5)
+        if got is None:
+            return False
+        round_, digest, anchor, momentum = got
+        if state_digest(anchor, momentum, round_) != digest:
+            logger.warning("state of %s from %s fails its digest; ignored", mid, peer[-8:])
+            return False
+        old_anchor = self.worker.outer[mid].anchor.clone()
+        progress = self.worker.flat(mid) - old_anchor if keep_progress else None
+        state = ModuleState(weights=unflatten(self.worker, mid, anchor), momentum=momentum, round=round_)
+        self.worker.restore(mid, state)
+        self.worker.feedback[mid].reset()
+        self.net.loop.call_soon_threadsafe(self.exchange.forget_pending, mid)
+        if progress is not None:
+            self.worker.set_flat(mid, anchor + progress)
+        return True
+
+
+def unflatten(worker: PathWorker, mid: str, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    out, offset = {}, 0
+    for name, t in worker.model.module(mid).state_dict().items():
+        out[name] = flat[offset:offset + t.numel()].view_as(t).clone()
+        offset += t.numel()
+    return out

@@ -1,0 +1,190 @@
+"""The outer round as pure functions: the one rule the simulator and the running node both use.
+
+DiLoCo (arXiv 2311.08105) run decoupled (as in Decoupled DiLoCo, arXiv 2604.21428): after H inner steps a
+holder of a module sends its outer gradient to the round's reducer and trains on; the reducer merges the
+contributions into one encoded mean; every member decodes those same bytes and applies the same outer
+Nesterov step. Nothing here touches the network or reads a clock; everything is deterministic for a given
+input, which is what keeps replicas bit-identical.
+
+1. `make_contribution`: Δ = anchor − local (+ the error-feedback residual) → one codec frame, with what
+   the sender must remember to settle the round later (its local weights and residual at the send).
+2. `close_round` (the reducer): validated frames, sorted by peer id → screened, robust token-weighted mean
+   (protocol/aggregate.py) → encoded **once** → the canonical result every member decodes, and the
+   digest the state has after applying it.
+3. `settle` (every member): apply the decoded mean with the outer Nesterov step and decide what becomes of
+   the member's own work, by the round's status:
+     merged / alone: our Δ is in the mean.      local ← new_anchor + (local_now − local_when_sent)
+     late:  the round closed without us: apply the mean, keep our Δ for the next round (its tokens carry,
+            its error-feedback residual is restored).   local ← new_anchor + (local_now − old_anchor)
+     failed (or any other status, or a mean that does not decode): nothing is applied; our steps stay in the
+            local weights and the next Δ carries them (its tokens carry). A synchronous baseline may instead
+            discard them (local ← anchor), as data-parallel training redoes a step a dead rank broke.
+   With no overlap (local_now == local_when_sent, as in the simulator) `merged` leaves local = new anchor:
+   plain DiLoCo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from pathswarm.compression import CodecError, ErrorFeedback, decode, encode
+from pathswarm.node.train.outer import OuterState, pseudo_gradient
+from pathswarm.protocol.aggregate import merge
+from pathswarm.protocol.spec import CodecSpec, OuterOptSpec, SwarmSpec
+
+APPLIED = ("merged", "alone", "late")
+"""Statuses whose mean every member applies."""
+MERGED = ("merged", "alone")
+"""Statuses in which our own outer gradient is part of the mean."""
+
+
+class RoundError(ValueError):
+    """A round's result cannot be applied (its mean does not decode, has the wrong size or is not finite)."""
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """One holder's outer gradient for one module and round, and what it needs to settle the round."""
+
+    frame: bytes
+    """The encoded outer gradient: what is sent to the reducer."""
+    tokens: int
+    """Tokens behind it (this round's, plus those carried from rounds that did not merge it)."""
+    round: int
+    """The module's outer round it belongs to (the anchor's round at the send)."""
+    digest_before: str
+    """Digest of the module's outer state at the send: the reducer merges only contributions from its state."""
+    local_when_sent: torch.Tensor
+    """The local weights at the send (flat fp32): the base of the shift applied when the round merges."""
+    feedback_before: dict = field(default_factory=dict)
+    """The error-feedback state before this frame was encoded: restored when the Δ is kept for later."""
+
+
+def encode_args(codec: CodecSpec) -> dict:
+    return dict(block_size=codec.block_size, zstd_level=codec.zstd_level, target_error=codec.target_error)
+
+
+def make_contribution(state: OuterState, local: torch.Tensor, feedback: ErrorFeedback, codec: CodecSpec,
+                      tokens: int) -> Contribution:
+    """Encode Δ = anchor − local (with error feedback when the spec says so; `feedback` is updated)."""
+    if tokens <= 0:
+        raise ValueError(f"a contribution needs a positive token count, got {tokens}")
+    local = local.detach().to("cpu", torch.float32, copy=True)  # kept: the caller's tensor may change
+    delta = pseudo_gradient(state.anchor, local)
+    before = feedback.state_dict()
+    args = encode_args(codec)
+    frame = feedback.encode(delta, **args) if codec.error_feedback else encode(delta, **args)
+    return Contribution(frame=frame, tokens=tokens, round=state.round, digest_before=state.digest(),
+                        local_when_sent=local, feedback_before=before)
+
+
+@dataclass(frozen=True)
+class ClosedRound:
+    """What the reducer makes of a round's contributions."""
+
+    mean_frame: bytes
+    """The encoded robust mean every member decodes (b'' when no contribution passed screening)."""
+    used: tuple[str, ...]
+    """Peers whose outer gradients are in the mean, sorted."""
+    tokens: int
+    """Their tokens."""
+    rejected: tuple[tuple[str, str], ...]
+    """(peer, reason) of every contribution screened out."""
+    after: OuterState | None = None
+    """The state after applying the mean to the state the round opened with (None when not given or no mean)."""
+
+    @property
+    def digest_after(self) -> str:
+        return self.after.digest() if self.after is not None else ""
+
+
+def close_round(contributions: Sequence[tuple[str, int, bytes]], numel: int, spec: SwarmSpec,
+                before: OuterState | None = None) -> ClosedRound:
+    """Merge (peer, tokens, frame) contributions in sorted peer-id order into one canonical encoded mean.
+
+    `before`: the module's state the round opened with; the result then carries the state after the round
+    (its digest is what every member must reach). `before` is not modified."""
+    ordered = sorted(contributions, key=lambda c: c[0])
+    avg = spec.averaging
+    merged = merge(ordered, numel, norm_bound=avg.norm_bound, clip_factor=avg.clip_factor,
+                   clip_iterations=avg.clip_iterations)
+    if merged.mean is None:
+        return ClosedRound(b"", (), 0, tuple(merged.rejected))
+    # The mean is encoded without error feedback: every member decodes exactly these bytes.
+    mean_frame = encode(merged.mean, **encode_args(spec.codec))
+    after = None
+    if before is not None:
+        after = OuterState(before.anchor.clone(), before.momentum.clone(), before.round)
+        after.apply(decode_mean(mean_frame, numel), spec.outer)
+    return ClosedRound(mean_frame, tuple(merged.used), merged.tokens, tuple(merged.rejected), after)
+
+
+def decode_mean(frame: bytes, numel: int) -> torch.Tensor:
+    """A round's mean from its (untrusted) bytes: flat fp32 of the module's size, all finite, or RoundError."""
+    try:
+        mean = decode(frame, max_elements=numel).reshape(-1)
+    except CodecError as e:
+        raise RoundError(f"the mean does not decode: {e}") from None
+    if mean.numel() != numel:
+        raise RoundError(f"the mean has {mean.numel()} values, the module {numel}")
+    if not bool(torch.isfinite(mean).all()):
+        raise RoundError("the mean holds NaN or Inf values")
+    return mean.float()
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What settling one round did to a member's module (its outer state is updated in place)."""
+
+    applied: bool
+    """An outer step was applied to the anchor."""
+    local: torch.Tensor | None
+    """The member's new local weights (None: leave them as they are)."""
+    restore_feedback: bool
+    """Put the error feedback back to `Contribution.feedback_before`: our Δ was not used and is sent again."""
+    merged_tokens: int = 0
+    """Our tokens that entered the module through this round."""
+    carried_tokens: int = 0
+    """Our tokens whose steps stay in the local weights, to be sent with the next outer gradient."""
+    discarded_tokens: int = 0
+    """Our tokens whose steps were thrown away."""
+    digest_after: str = ""
+    """Our state's digest after the round ('' when nothing was applied)."""
+    diverged: bool = False
+    """A mean was applied but our digest is not the one the reducer announced: our replica must be re-synced."""
+    reason: str = ""
+    """Why nothing was applied, when nothing was."""
+
+
+def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, status: str, result_round: int,
+           mean_frame: bytes, digest_expected: str, outer: OuterOptSpec, discard: bool = False) -> Settlement:
+    """Settle one round of one module on a member (the rule in the module docstring).
+
+    `state` is the module's outer state and is updated in place when a mean is applied; `local_now` the local
+    weights now (inner steps may have run since the send); `discard`: on a failed round throw our steps away
+    instead of carrying them (the synchronous baseline when a member died)."""
+    reason = f"status {status}"
+    if status in APPLIED and mean_frame and result_round == state.round == sent.round:
+        try:
+            mean = decode_mean(mean_frame, state.anchor.numel())
+        except RoundError as e:
+            reason = f"bad mean from the reducer: {e}"
+        else:
+            old_anchor = state.anchor.clone()
+            state.apply(mean, outer)
+            digest = state.digest()
+            base = sent.local_when_sent if status in MERGED else old_anchor
+            local = state.anchor + (local_now.detach().to("cpu", torch.float32) - base)
+            ours = status in MERGED
+            return Settlement(applied=True, local=local, restore_feedback=not ours,
+                              merged_tokens=sent.tokens if ours else 0, carried_tokens=0 if ours else sent.tokens,
+                              digest_after=digest, diverged=bool(digest_expected) and digest != digest_expected)
+    elif status in APPLIED and mean_frame:
+        reason = f"the result is for round {result_round}, our module is at round {state.round}"
+    if discard:
+        return Settlement(applied=False, local=state.anchor.clone(), restore_feedback=True,
+                          discarded_tokens=sent.tokens, reason=reason)
+    return Settlement(applied=False, local=None, restore_feedback=True, carried_tokens=sent.tokens, reason=reason)
