@@ -7,7 +7,7 @@ messages, requests to and replies from the module exchange, codec frames, spec t
 checks are reached. The parsers: `parse_record`, `SwarmRecordValidator.validate`, `peer_id_of_owner`,
 membership `parse` / `verify` / `Gate.check`, `read_message`, `field_of`, the exchange's
 `_on_contribute` and `_on_state` handlers (driven offline: a fake stream in, a sink out), its state
-download `fetch_state` and the reply side of `contribute` (a fake p2p answers), codec `decode`,
+download `fetch_state` and the reply side of `contribute` (fake PeerStreams answer), codec `decode`,
 `loads_spec`.
 
 Counted per parser: inputs, accepted, refused (a bool / None answer: validators, handlers),

@@ -17,13 +17,6 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pathswarm.protocol._hivemind_records import SwarmRecordValidator, gate_of, peer_id_of_owner
 from pathswarm.protocol.membership import MembershipError
-from pathswarm.protocol.net import (  # noqa: F401  (compatibility re-exports: delete with the shims in net.py)
-    LOOPBACK_MADDRS,
-    SERVED_TTL_S,
-    SwarmDHT,
-    served_key,
-    start_dht,
-)
 from pathswarm.protocol.records import (
     ModuleAnnouncement,
     NodeMetrics,
@@ -142,13 +135,3 @@ def read_metrics(sdht: SwarmNet, spec: SwarmSpec) -> list[NodeMetrics]:
     """Valid metrics of every node that published within its TTL, sorted by peer id."""
     return _read(sdht, spec, metrics_key(spec.swarm_id), NodeMetrics)
 
-
-# ---- which swarm a bootstrap peer serves (COMPATIBILITY SHIMS: call the SwarmNet methods) --------------
-def announce_served_swarm(sdht: SwarmNet, spec: SwarmSpec) -> bool:
-    """Compatibility shim for `sdht.announce_served_swarm(spec)`."""
-    return sdht.announce_served_swarm(spec)
-
-
-def served_swarm(sdht: SwarmNet, peer_id: str) -> tuple[str, str] | None:
-    """Compatibility shim for `sdht.served_swarm(peer_id)`."""
-    return sdht.served_swarm(peer_id)

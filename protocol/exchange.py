@@ -29,7 +29,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -58,12 +58,6 @@ UNREACHABLE = "reducer unreachable"  # reason prefix of a round that failed at t
 RANK_LOST = "a member left the world"  # sync baseline: reason prefix of a round failed because a member died
 REFUSAL_DRAIN_S = 3.0  # how long a refused request's remaining bytes are read and dropped before closing
 MAX_ROUND = 1 << 62  # rounds are int64 everywhere (records.MAX_COUNT); state_digest packs them in 8 bytes
-
-
-def _peer_id(caller: str | Any) -> str:
-    """The caller's peer id, as PeerStreams hands it to a handler. COMPATIBILITY SHIM: the fuzz harness
-    (tests/fuzzing.py) still passes hivemind's stream info; delete the second branch once it passes a str."""
-    return caller if isinstance(caller, str) else caller.peer_id.to_base58()
 
 
 def rank_lost(world: dict[str, int], live: dict[str, int]) -> str:
@@ -135,7 +129,7 @@ class _OpenRound:
 class ModuleExchange:
     """Serves and joins module rounds for one node. All methods run on the node's network event loop."""
 
-    def __init__(self, spec: SwarmSpec, p2p: PeerStreams | None, peer_id: str, numels: dict[str, int],
+    def __init__(self, spec: SwarmSpec, streams: PeerStreams | None, peer_id: str, numels: dict[str, int],
                  state_of: Callable[[str], LocalState | None],
                  closer: Closer,
                  traffic: Traffic | None = None, membership: str = "",
@@ -150,12 +144,7 @@ class ModuleExchange:
         # one that names the peer id libp2p authenticated on the stream (a copied one names another).
         self.membership = membership
         self.gate = Gate(spec.membership.owner_key, spec.swarm_id)
-        if p2p is not None and hasattr(p2p, "call_binary_stream_handler"):
-            # COMPATIBILITY SHIM: node/peer/node.py and tests pass hivemind's P2P; delete once they pass PeerStreams
-            from pathswarm.protocol.net import as_streams
-
-            p2p = as_streams(p2p)
-        self.streams = p2p  # None: offline
+        self.streams = streams  # None: offline
         self.peer_id = peer_id
         self.numels = numels  # module id → parameter count, from the spec: bounds every message
         self.state_of = state_of
@@ -212,8 +201,7 @@ class ModuleExchange:
             await self.clock.sleep(0.05)
         return mine
 
-    async def _on_contribute(self, caller: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sender = _peer_id(caller)
+    async def _on_contribute(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             if not await self._within_rate("contribute", sender, reader, writer):
                 return
@@ -413,8 +401,7 @@ class ModuleExchange:
                            str(header.get("digest_after") or ""), str(header.get("reason") or "")[:200])
 
     # ---- state download ----------------------------------------------------------------------
-    async def _on_state(self, caller: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sender = _peer_id(caller)
+    async def _on_state(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             if not await self._within_rate("state", sender, reader, writer):
                 return

@@ -129,21 +129,13 @@ class PeerStreams:
         return reader, writer
 
 
-def as_streams(p2p: Any) -> Any:
-    """COMPATIBILITY SHIM, delete once every caller passes `PeerStreams` (tests/fuzzing.py's fake p2p,
-    tests/swarm/test_private_swarm.py): wraps anything with hivemind's P2P stream methods."""
-    if p2p is None or isinstance(p2p, PeerStreams) or not hasattr(p2p, "call_binary_stream_handler"):
-        return p2p
-    return PeerStreams(p2p)
-
-
 # ---- a running peer -----------------------------------------------------------------------------------
 class SwarmNet:
     """A running DHT peer and its p2p daemon, with the owner subkey its records are signed under."""
 
     def __init__(self, dht: hivemind.DHT, owner: bytes, peer_id: str, membership: str = ""):
         self.dht = dht
-        """hivemind's DHT itself: for the compatibility shims and for tests that attack hivemind directly."""
+        """hivemind's DHT itself: for tests that attack hivemind directly."""
         self.owner = owner
         """`[owner:<ssh-rsa key>]`: the subkey of every record this peer writes."""
         self.peer_id = peer_id
@@ -395,21 +387,3 @@ class ParentBoundDHT(hivemind.DHT):
             except (ProcessLookupError, ChildProcessError):
                 pass
         os._exit(0)
-
-
-# ---- COMPATIBILITY SHIMS: delete once node/peer/node.py (formerly runtime.py) calls start_net -------------
-SwarmDHT = SwarmNet
-"""Compatibility shim: the old name of SwarmNet."""
-
-
-def start_dht(initial_peers: Sequence[str] = (), host_maddrs: Sequence[str] | None = None, *,
-              spec: SwarmSpec | None = None, identity_path: str | None = None,
-              announce_maddrs: Sequence[str] | None = None, client_mode: bool = False,
-              startup_timeout_s: float = 30.0, membership: str = "") -> SwarmNet:
-    """Compatibility shim: start_net without its address checks, typed errors and swarm check (hivemind's own
-    exceptions pass through, as the old callers' string matching expects)."""
-    if isinstance(initial_peers, str):
-        raise TypeError("initial_peers is a list of multiaddrs, not one string")
-    return _start(initial_peers, list(host_maddrs or LOOPBACK_MADDRS), spec=spec, identity_path=identity_path,
-                  announce_maddrs=announce_maddrs, client_mode=client_mode, startup_timeout_s=startup_timeout_s,
-                  membership=membership)

@@ -14,7 +14,7 @@ import logging
 import re
 from collections.abc import Iterable
 
-from pathswarm.protocol.net import PeerStreams, SwarmNet, as_streams, dht_time
+from pathswarm.protocol.net import PeerStreams, SwarmNet, dht_time
 from pathswarm.protocol.ratelimit import RateLimiter
 from pathswarm.protocol.spec import SpecError, SwarmSpec, loads_spec
 from pathswarm.protocol.wire import WireError, read_message, write_message
@@ -57,7 +57,7 @@ class SpecServer:
         self.limiter = RateLimiter(rate=0.5, burst=8)  # a joiner needs one; a spec can be megabytes
 
     async def start(self, streams: PeerStreams) -> None:
-        await as_streams(streams).serve(SPEC_HANDLER, self._on_request)
+        await streams.serve(SPEC_HANDLER, self._on_request)
 
     async def _on_request(self, caller: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -76,13 +76,9 @@ class SpecServer:
             writer.close()
 
 
-def announce_spec_server(net: SwarmNet, swarm_id: str, peer_id: str = "", owner: bytes = b"") -> bool:
-    """List this peer as a server of the swarm's spec (renew within SERVER_TTL_S).
-
-    `peer_id` and `owner`: COMPATIBILITY SHIM for callers that pass hivemind's DHT (`sdht.dht`) instead of
-    the SwarmNet; delete them once node/peer/ passes the SwarmNet."""
-    peer_id, owner = peer_id or net.peer_id, owner or net.owner
-    return bool(net.store(servers_key(swarm_id), peer_id, dht_time() + SERVER_TTL_S, subkey=owner))
+def announce_spec_server(net: SwarmNet, swarm_id: str) -> bool:
+    """List this peer as a server of the swarm's spec (renew within SERVER_TTL_S)."""
+    return bool(net.store(servers_key(swarm_id), net.peer_id, dht_time() + SERVER_TTL_S, subkey=net.owner))
 
 
 def spec_servers(net: SwarmNet, swarm_id: str) -> list[str]:

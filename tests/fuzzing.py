@@ -10,7 +10,7 @@ frames, spec text), so the deeper checks are reached.
 The parsers: `parse_record`, `SwarmRecordValidator.validate`, `peer_id_of_owner`, membership
 `parse` / `verify` / `Gate.check`, `read_message`, `field_of`, the exchange's `_on_contribute` and
 `_on_state` handlers (driven offline: a fake stream in, a sink out), its state download `fetch_state`
-and the reply side of `contribute` (a fake p2p answers), codec `decode`, `loads_spec`. Each `run_*`
+and the reply side of `contribute` (fake PeerStreams answer), codec `decode`, `loads_spec`. Each `run_*`
 answers 'accepted' or 'refused' (a bool / None answer: validators, handlers), raises the parser's
 typed error, or, on a bug, raises anything else (an accepted input that breaks the parser's contract
 fails an assertion). The keys (RSA owner, Ed25519 swarm owner) are fresh at each import.
@@ -24,7 +24,6 @@ import json
 import random
 import re
 import struct
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -131,7 +130,6 @@ STATE = LocalState(3, "d0" * 8, torch.linspace(-1, 1, NUMEL), torch.zeros(NUMEL)
 STATE_PAYLOAD = torch.cat([STATE.anchor, STATE.momentum]).numpy().tobytes()
 FRAME = encode(torch.randn(NUMEL, generator=torch.Generator().manual_seed(0)) * 1e-3)
 STATUSES = {"merged", "alone", "late", "out_of_sync", "behind", "failed", "refused", "missing", "ok"}
-INFO = types.SimpleNamespace(peer_id=types.SimpleNamespace(to_base58=lambda: PEER))
 
 FRAME_MAX_ELEMENTS = 4096
 _gen = torch.Generator().manual_seed(0)
@@ -431,14 +429,19 @@ class Sink:
         self.closed = True
 
 
-class FakeP2P:
-    """Answers every stream with the given bytes (what a hostile peer would send back)."""
+class FakeStreams:
+    """Stands in for protocol/net.py's PeerStreams: every stream opened is answered with the given bytes (what a
+    hostile peer would send back); handlers served are kept, never called."""
 
     def __init__(self, reply: bytes):
         self.reply = reply
+        self.handlers: dict[str, Callable] = {}
 
-    async def call_binary_stream_handler(self, peer_id, name):
-        return None, reader_of(self.reply), Sink()
+    async def serve(self, name: str, handler: Callable) -> None:
+        self.handlers[name] = handler
+
+    async def open(self, peer_id: str, name: str) -> tuple[asyncio.StreamReader, Sink]:
+        return reader_of(self.reply), Sink()
 
 
 def reader_of(data: bytes) -> asyncio.StreamReader:
@@ -448,10 +451,10 @@ def reader_of(data: bytes) -> asyncio.StreamReader:
     return reader
 
 
-def exchange(private: bool, p2p=None) -> ModuleExchange:
+def exchange(private: bool, streams: FakeStreams | None = None) -> ModuleExchange:
     spec = XPRIVATE if private else XSPEC
 
-    return ModuleExchange(spec, p2p, OTHER_PEER, {m: NUMEL for m in spec.all_module_ids()}, lambda m: STATE,
+    return ModuleExchange(spec, streams, OTHER_PEER, {m: NUMEL for m in spec.all_module_ids()}, lambda m: STATE,
                           exchange_closer(spec), membership=XCERT if private else "")
 
 
@@ -663,7 +666,7 @@ def gen_state_request(rng: random.Random):
 async def handle(handler_name: str, private: bool, data: bytes) -> bytes:
     """What the exchange's handler `handler_name` writes back to a peer that sent `data`."""
     sink = Sink()
-    await asyncio.wait_for(getattr(exchange(private), handler_name)(INFO, reader_of(data), sink), 10)
+    await asyncio.wait_for(getattr(exchange(private), handler_name)(PEER, reader_of(data), sink), 10)
     assert sink.closed, "the handler must close its stream"
     return bytes(sink.data)
 
@@ -679,7 +682,7 @@ def gen_state_reply(rng: random.Random) -> bytes:
 
 
 def run_fetch_state(reply: bytes) -> str:
-    result = LOOP.run(exchange(False, FakeP2P(reply)).fetch_state(PEER, "L0M1", 5.0))
+    result = LOOP.run(exchange(False, FakeStreams(reply)).fetch_state(PEER, "L0M1", 5.0))
     if result is None:
         return "refused"
     round_, digest, anchor, momentum = result
@@ -696,7 +699,7 @@ def gen_contribute_reply(rng: random.Random) -> bytes:
 
 
 def run_contribute_reply(reply: bytes) -> str:
-    result = LOOP.run(exchange(False, FakeP2P(reply)).contribute(PEER, "L0M0", 3, 5, STATE.digest, FRAME, 5.0))
+    result = LOOP.run(exchange(False, FakeStreams(reply)).contribute(PEER, "L0M0", 3, 5, STATE.digest, FRAME, 5.0))
     assert isinstance(result.status, str) and isinstance(result.mean_frame, bytes)
     return "accepted" if result.status in ("merged", "alone", "late") else "refused"
 

@@ -32,10 +32,9 @@ from pathswarm.protocol.dht import (
     read_claims,
     read_metrics,
     read_module_holders,
-    start_dht,
     withdraw_claim,
 )
-from pathswarm.protocol.net import SwarmNet
+from pathswarm.protocol.net import SwarmNet, start_net
 from pathswarm.protocol.path_choice import choose_path
 from pathswarm.protocol.records import (
     ModuleAnnouncement,
@@ -51,7 +50,7 @@ pytestmark = pytest.mark.timeout(60)
 
 SPEC = SwarmSpec(name="dht-test", levels=(2, 2))
 KEY = claims_key(SPEC.swarm_id)
-# What start_dht passes to p2pd, for the raw hivemind peer that plays the attacker.
+# What start_net passes to p2pd, for the raw hivemind peer that plays the attacker.
 LOOPBACK_ONLY = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False, use_auto_relay=False,
                      auto_nat=False, nat_port_map=False, use_ipfs=False)
 
@@ -60,9 +59,9 @@ LOOPBACK_ONLY = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False, use_
 def peers():
     started = []
     try:
-        started.append(start_dht(spec=SPEC))
+        started.append(start_net(spec=SPEC))
         for _ in range(2):
-            started.append(start_dht(started[0].visible_maddrs(), spec=SPEC))
+            started.append(start_net(started[0].visible_maddrs(), spec=SPEC))
         yield started
     finally:
         for peer in reversed(started):
@@ -233,8 +232,8 @@ def _running(pid: int) -> bool:
 def test_a_killed_node_takes_its_dht_process_and_p2pd_with_it():
     """SIGKILL gives the node no chance to shut its DHT down: the DHT process must notice by itself."""
     code = ("import time\n"
-            "from pathswarm.protocol.dht import start_dht\n"
-            "d = start_dht()\n"
+            "from pathswarm.protocol.net import start_net\n"
+            "d = start_net()\n"
             "print(d.dht.pid, flush=True)\n"
             "time.sleep(60)\n")
     node = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)

@@ -34,7 +34,7 @@ from ..conftest import cli, error_line, tiny_spec, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
-# What start_dht passes to p2pd, for the raw hivemind peers the outsider runs.
+# What start_net passes to p2pd, for the raw hivemind peers the outsider runs.
 LOOPBACK_ONLY = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], use_relay=False, use_auto_relay=False,
                      auto_nat=False, nat_port_map=False, use_ipfs=False)
 

@@ -2,7 +2,7 @@
 
 DHT records (`parse_record`, `SwarmRecordValidator.validate`, `peer_id_of_owner`), membership
 certificates (`parse`, `verify`, `Gate.check`), RPC framing (`read_message`, `field_of`), the module
-exchange's handlers and state download (driven offline with a fake stream and a fake p2p), and spec
+exchange's handlers and state download (driven offline with a fake stream and fake PeerStreams), and spec
 text (`loads_spec`). The inputs and each parser's contract (bounds, round trip) are tests/fuzzing.py's,
 the table benchmarks/fuzz.py runs 100,000 inputs per parser of; here hypothesis drives its generators
 through a `random.Random` it controls, so a failure shrinks. Codec frames have their own fuzz tests
@@ -38,7 +38,7 @@ from ..fuzzing import (
     SPEC,
     STATE,
     STATE_PAYLOAD,
-    FakeP2P,
+    FakeStreams,
     as_sent,
     exchange,
     handle,
@@ -110,9 +110,9 @@ def test_a_header_of_nested_brackets_is_a_wire_error():
 def test_a_state_reply_with_a_bad_round_is_no_state(round_):
     # Found by the fuzz tests: int() of the round raised, and state_digest raised on a negative or huge one.
     reply = message({"status": "ok", "round": round_, "digest": STATE.digest}, STATE_PAYLOAD)
-    assert asyncio.run(exchange(False, FakeP2P(reply)).fetch_state(PEER, "L0M1", 5.0)) is None
+    assert asyncio.run(exchange(False, FakeStreams(reply)).fetch_state(PEER, "L0M1", 5.0)) is None
     good = message({"status": "ok", "round": 5, "digest": STATE.digest}, STATE_PAYLOAD)
-    assert asyncio.run(exchange(False, FakeP2P(good)).fetch_state(PEER, "L0M1", 5.0))[0] == 5
+    assert asyncio.run(exchange(False, FakeStreams(good)).fetch_state(PEER, "L0M1", 5.0))[0] == 5
 
 
 def test_a_huge_token_count_fails_only_its_own_contribution():
