@@ -26,7 +26,8 @@ misses the last contribution of a member killed before the result reached it. Al
 restarted nodes resume from their last complete checkpoint and reach the swarm's round again; every
 checkpoint left by a SIGKILL loads; the longest time a node that was not itself frozen stood still
 waiting for a round (`wait_max_s` in its status: decoupled nodes never wait past the grace window);
-replicas identical after the swarm settles (everyone stopped with SIGTERM).
+replicas identical after the swarm settles (everyone stopped with SIGTERM): every node's digest for each
+(module, round), whatever group it merged in; `split_rounds` counts (module, round)s that ended in two versions.
 
 Measuring goodput needs each node's speed to be independent of the others: on a machine with fewer
 cores than nodes, a killed node frees CPU and its peers speed up, which hides the loss. So every node
@@ -50,7 +51,8 @@ from pathlib import Path
 from _swarm_common import arguments, machine, save_plot, write_json
 
 from pathswarm.node.app.fmt import subplots
-from pathswarm.node.app.local_swarm import LocalSwarm, replicas_identical
+from pathswarm.node.app.local_swarm import LocalSwarm
+from pathswarm.node.app.replicas import check_replicas
 from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.model.data import load_documents
 from pathswarm.node.train.checkpoint import CheckpointError, load_checkpoint
@@ -221,7 +223,7 @@ class Arm:
             finals = [self.swarm.status(n) or {} for n in self.nodes]
         finally:
             self.swarm.close()
-        identical, compared = replicas_identical([f for f in finals if f])
+        replicas = check_replicas(dict(zip(self.nodes, finals, strict=True)))  # whatever the groups
         waits = [i["wait_max_s"] for i in self.incarnations if not i["stalled"]]
         return {"arm": self.name, "sync": self.sync, "tokens_merged": merged, "tokens_merged_members": merged_members,
                 "tokens_trained": trained,
@@ -236,7 +238,8 @@ class Arm:
                 "exit_codes": codes,
                 "events": self.events, "restarts": self.resumes, "timeline": self.timeline,
                 "checkpoints_loaded_after_kill": self.checkpoints_ok, "checkpoints_unreadable": self.checkpoints_bad,
-                "replicas_identical": identical, "digests_compared": compared,
+                "replicas_identical": replicas.identical, "digests_compared": replicas.digests_compared,
+                "split_rounds": replicas.split_rounds, "splits": [str(s) for s in replicas.splits],
                 "final_module_rounds": {n: f.get("module_rounds") for n, f in zip(self.nodes, finals, strict=True)},
                 # the longest a node that was never frozen itself stood still waiting for a round to settle
                 "max_survivor_wait_s": max(waits, default=0.0),
@@ -332,8 +335,8 @@ def main() -> None:
                           sync=mode == "sync", plan=plan if faults else [])
                 arms.append(arm.run())
                 print(json.dumps({k: arms[-1][k] for k in ("arm", "tokens_merged", "pace_held", "replicas_identical",
-                                                           "max_survivor_wait_s", "checkpoints_unreadable",
-                                                           "round_work_s")}),
+                                                           "split_rounds", "max_survivor_wait_s",
+                                                           "checkpoints_unreadable", "round_work_s")}),
                       flush=True)
     by = {a["arm"]: a for a in arms}
     goodput = {m: by[f"{m}, faults"]["tokens_merged"] / max(1, by[f"{m}, no faults"]["tokens_merged"])

@@ -2,8 +2,10 @@
 
 `collect_view` reads the records nodes publish (claims, module announcements, metrics); `summarize`
 turns them into the rows `pathswarm swarm status` prints and its `--json` writes (with each path's
-recent loss per round, which `--plot` draws). Replica agreement
-per module compares the digests announced for the newest round of that module.
+recent loss per round, which `--plot` draws). Replica agreement per module compares the digests announced
+for the same round by every announcer, for every round seen (each peer announces the round it holds, so
+holders that lag are compared among themselves too): a round announced with two digests is a split, one
+version of each (module, round) in the whole swarm being the invariant.
 """
 
 from __future__ import annotations
@@ -38,6 +40,29 @@ def _path_history(metrics: list[NodeMetrics]) -> list[list[float]]:
     return [[r, sum(v) / len(v)] for r, v in sorted(by_round.items())]
 
 
+def replica_agreement(announcements: list[ModuleAnnouncement]) -> dict:
+    """One module's replica agreement from its announcements: the digests announced for each round, compared
+    across every announcer of that round, whatever round is newest.
+
+    `replicas_agree`: False when a round was announced with two or more digests, True when at least one round
+    had two announcers and none was split, None when no round had two announcers (nothing to compare).
+    `split_rounds`: those rounds, ascending; `split_digests`: round (str) → digest → announcing peer ids.
+    `rounds_compared`: rounds with two or more announcers."""
+    by_round: dict[int, dict[str, list[str]]] = {}
+    for a in announcements:
+        peers = by_round.setdefault(a.round, {}).setdefault(a.digest, [])
+        if a.peer_id not in peers:
+            peers.append(a.peer_id)
+    compared = [r for r, digests in by_round.items() if sum(len(p) for p in digests.values()) >= 2]
+    split = sorted(r for r, digests in by_round.items() if len(digests) >= 2)
+    return {
+        "replicas_agree": (not split) if compared else None,
+        "rounds_compared": len(compared),
+        "split_rounds": split,
+        "split_digests": {str(r): {d: sorted(p) for d, p in sorted(by_round[r].items())} for r in split},
+    }
+
+
 def summarize(spec: SwarmSpec, view: SwarmView) -> dict:
     metrics = {m.peer_id: m for m in view.metrics}
     paths = []
@@ -56,13 +81,13 @@ def summarize(spec: SwarmSpec, view: SwarmView) -> dict:
     for mid in spec.all_module_ids():
         anns = view.modules.get(mid, [])
         newest = max((a.round for a in anns), default=None)
-        at_newest = [a for a in anns if a.round == newest]
+        agreement = replica_agreement(anns)
         modules.append({
             "module": mid,
             "round": newest,
             "holders": len({a.peer_id for a in anns}),
-            "holders_at_round": len(at_newest),
-            "replicas_agree": len({a.digest for a in at_newest}) <= 1 if at_newest else None,
+            "holders_at_round": sum(1 for a in anns if a.round == newest),
+            **agreement,
         })
     return {
         "swarm_id": spec.swarm_id,

@@ -16,6 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+# The replica check lives in replicas.py (pure); re-exported for the tests and benchmarks that drive a swarm.
+from pathswarm.node.app.replicas import replica_mismatches as replica_mismatches
+from pathswarm.node.app.replicas import replicas_identical as replicas_identical
+
 
 class SwarmError(RuntimeError):
     """A process of the local swarm failed to start or died unexpectedly."""
@@ -173,34 +177,3 @@ def _group_alive(pgid: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
-
-
-def replicas_identical(statuses: list[dict]) -> tuple[bool, int]:
-    """Did all members of every module round end it with the same digest?
-
-    A round is identified by (module, round number, contributors): every node that applied that
-    round's mean (merged or late) reports one digest for it, and they must all be equal. Returns the
-    verdict and how many digests were compared against another node's."""
-    mismatches, compared = replica_mismatches(statuses)
-    return not mismatches, compared
-
-
-def replica_mismatches(statuses: list[dict]) -> tuple[list[str], int]:
-    """The rounds whose members disagree (one line each, naming the nodes' digests), and how many digests were
-    compared against another node's."""
-    seen: dict[tuple, tuple[str, str]] = {}
-    compared, bad = 0, []
-    for st in statuses:
-        groups = st.get("groups") or {}
-        me = str(st.get("peer_id", "?"))[-8:]
-        for mid, rounds in (st.get("history") or {}).items():
-            for r, digest in rounds.items():
-                key = (mid, r, tuple(sorted(groups.get(mid, {}).get(r, []))))
-                if key not in seen:
-                    seen[key] = (me, digest)
-                    continue
-                compared += 1
-                if seen[key][1] != digest:
-                    bad.append(f"{mid} round {r} group {[p[-8:] for p in key[2]]}: {seen[key][0]} has "
-                               f"{seen[key][1]}, {me} has {digest}")
-    return bad, compared

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pathswarm.node.app.local_swarm import LocalSwarm, replicas_identical
+from pathswarm.node.app.local_swarm import LocalSwarm
+from pathswarm.node.app.replicas import replicas_identical
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec
 
 from ..conftest import cli, error_line, tiny_spec, wait_until
@@ -79,7 +80,8 @@ def test_join_by_id_trains_and_status_matches_the_nodes(spec, tmp_path, home):
         assert row["history"] and all(abs(recorded[r] - loss) < 1e-9 for r, loss in row["history"])
         assert [r for r, _ in row["history"]] == sorted(recorded)[:len(row["history"])]
         assert 1 <= row["last_round"] <= st["round"]
-    assert all(m["replicas_agree"] is not False for m in summary["modules"])
+    # every round announced by two or more peers has one digest (not only each module's newest round)
+    assert all(m["replicas_agree"] is not False and m["split_rounds"] == [] for m in summary["modules"])
     ok, compared = replicas_identical(final)
     assert ok and compared > 0
 

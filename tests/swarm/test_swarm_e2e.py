@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from pathswarm.node.app.local_swarm import LocalSwarm, replica_mismatches
+from pathswarm.node.app.local_swarm import LocalSwarm
+from pathswarm.node.app.replicas import replica_mismatches
 from pathswarm.node.train.checkpoint import load_checkpoint
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec
 
