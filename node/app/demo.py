@@ -77,7 +77,7 @@ def _node_table(swarm, names: list[str]):
 
 def summarize(spec: SwarmSpec, statuses: dict[str, dict]) -> dict:
     """The demo's JSON: losses per path, bytes vs fp32 data-parallel, replica agreement."""
-    from pathswarm.node.app.local_swarm import replicas_identical
+    from pathswarm.node.app.replicas import check_replicas
     from pathswarm.node.model.model import count_module_params
 
     counts = count_module_params(spec)
@@ -91,7 +91,7 @@ def summarize(spec: SwarmSpec, statuses: dict[str, dict]) -> dict:
         params = sum(counts[m] for m in st["digests"])
         # fp32 data-parallel: every inner step a ring all-reduce moves 2(n-1)/n of the gradient per node.
         ddp += int(4 * params * st["inner_step"] * 2 * (n - 1) / n)
-    identical, compared = replicas_identical(list(statuses.values()))
+    replicas = check_replicas(statuses)  # every node's digest for each (module, round), whatever its group
     sent = sum(st["bytes_sent"] for st in statuses.values())
     return {
         "nodes": len(statuses),
@@ -102,8 +102,10 @@ def summarize(spec: SwarmSpec, statuses: dict[str, dict]) -> dict:
         "bytes_received_total": sum(st["bytes_received"] for st in statuses.values()),
         "ddp_fp32_bytes_equivalent": ddp,
         "compression_vs_ddp": ddp / sent if sent else None,
-        "replicas_identical": identical,
-        "replica_digests_compared": compared,
+        "replicas_identical": replicas.identical,
+        "replica_digests_compared": replicas.digests_compared,
+        "split_rounds": replicas.split_rounds,
+        "splits": [str(s) for s in replicas.splits],
         "loss_curves": {name: {"path": st["path"], "train_loss": st["loss_curve"]} for name, st in statuses.items()},
         "per_node": {name: {k: st[k] for k in ("path", "round", "rounds_failed", "tokens_trained", "bytes_sent",
                                                "bytes_received")} for name, st in statuses.items()},
@@ -165,7 +167,8 @@ def run_demo(nodes: int, rounds: int, inner_steps: int, out_dir: Path, json_path
     table.caption = (f"sent {fmt_bytes(summary['bytes_sent_total'])} vs fp32 data-parallel "
                      f"{fmt_bytes(summary['ddp_fp32_bytes_equivalent'])} ({ratio:,.0f}x less) · replicas "
                      f"{'identical' if summary['replicas_identical'] else 'DIFFER'} "
-                     f"({summary['replica_digests_compared']} module-round digests compared)")
+                     f"({summary['replica_digests_compared']} module-round digests compared, "
+                     f"{summary['split_rounds']} split rounds)")
     console.print(table)
     json_path = json_path or out_dir / "demo.json"
     plot_path = plot_path or out_dir / "demo.png"
