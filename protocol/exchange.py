@@ -26,6 +26,7 @@ Everything received is bounded by the module's size from the spec before it is r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ import torch
 from pathswarm.protocol.clock import MONOTONIC, Clock
 from pathswarm.protocol.membership import Gate, MembershipError
 from pathswarm.protocol.ratelimit import RateLimiter
+from pathswarm.protocol.reducers import RIVAL, Stance, earlier, parse_candidates, successors
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.wire import (
     MAX_HEADER_BYTES,
@@ -53,11 +55,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 RESULTS_KEPT = 4  # closed rounds a reducer remembers for late members
+RESULTS_LOGGED = 64  # rounds whose merged tokens a reducer remembers (a healed split takes them back)
 MAX_TOKENS = 1 << 53  # most tokens one contribution may count (exact in a float; no round trains so many)
 UNREACHABLE = "reducer unreachable"  # reason prefix of a round that failed at the connection level
 RANK_LOST = "a member left the world"  # sync baseline: reason prefix of a round failed because a member died
 REFUSAL_DRAIN_S = 3.0  # how long a refused request's remaining bytes are read and dropped before closing
 MAX_ROUND = 1 << 62  # rounds are int64 everywhere (records.MAX_COUNT); state_digest packs them in 8 bytes
+STANCE_TIMEOUT_S = 2.0  # how long a candidate waits for an earlier one's stance before counting it out
+LOST_REPLY_RETRY_S = 0.3  # pause before asking a reducer again after its connection broke
 
 
 def rank_lost(world: dict[str, int], live: dict[str, int]) -> str:
@@ -78,6 +83,8 @@ class LocalState:
     digest: str
     anchor: torch.Tensor
     momentum: torch.Tensor
+    reducers: tuple[str, ...] = ()
+    """Who reduces the next round, in failover order, as the last round's result named them (protocol/reducers.py)."""
 
 
 @dataclass(frozen=True)
@@ -104,12 +111,18 @@ Closer = Callable[[list[tuple[str, int, bytes]], int, "LocalState | None"], Clos
 class RoundResult:
     module: str
     round: int
-    status: str  # merged | late | alone | out_of_sync | behind | failed
+    status: str  # merged | late | alone | out_of_sync | behind | failed | redirect
     mean_frame: bytes = b""
     contributors: list[str] = field(default_factory=list)
     tokens: int = 0
     digest_after: str = ""
     reason: str = ""
+    reducers: tuple[str, ...] = ()
+    """Who reduces the next round, in failover order (the reducer of this one, then its contributors, sorted)."""
+    redirect: str = ""
+    """status 'redirect': the earlier candidate that holds the round; send the contribution there."""
+    reducer: str = ""
+    """Who answered (the member side fills it in): the peer to re-sync from when it says we are out of sync."""
 
     @property
     def applicable(self) -> bool:
@@ -124,6 +137,7 @@ class _OpenRound:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: RoundResult | None = None
     world: dict[str, int] = field(default_factory=dict)  # sync: live holders at opening → their claimed round
+    checked: bool = False  # the earlier candidates were asked (protocol/reducers.py); until then no frame enters
 
 
 class ModuleExchange:
@@ -161,21 +175,32 @@ class ModuleExchange:
         # module → tokens in the rounds we closed with a mean: what entered the model through us (a member that
         # dies before it hears the result cannot count its own tokens; the reducer that merged them can)
         self.tokens_reduced: dict[str, int] = {}
+        self.reduced_log: dict[str, dict[int, int]] = {}  # module → state round → tokens we merged into it
         self.offenses: dict[str, int] = {}  # peer → contributions of it we rejected (robust aggregation)
         # A member sends one contribution per module per round and downloads a module's state when it joins or
         # re-syncs: these budgets are far above that, and far below what a flood would need.
-        self.limits = {"contribute": RateLimiter(rate=4.0, burst=32), "state": RateLimiter(rate=1.0, burst=16)}
+        self.limits = {"contribute": RateLimiter(rate=4.0, burst=32), "state": RateLimiter(rate=1.0, burst=16),
+                       "stance": RateLimiter(rate=4.0, burst=32)}
+        # Modules whose reducer list this process has not seen work yet (it started from a checkpoint or the seed):
+        # at the head of the list it asks the others before reducing (protocol/reducers.py, rule 4).
+        self.fresh: set[str] = set(numels)
+        # peer → clock time until which members try it last: it failed one of our rounds at the connection level
+        self.skip_until: dict[str, float] = {}
+        self.drop_reply: set[tuple[str, int]] = set()  # fault injection (tests): close these rounds' replies unsent
+        self._checks: dict[tuple[str, int], asyncio.Future] = {}
         self._open: dict[tuple[str, int], _OpenRound] = {}
         self._closed: dict[tuple[str, int], tuple[str, RoundResult]] = {}
         prefix = spec.swarm_id[:16]
         self.contribute_name = f"pathswarm.{prefix}.contribute"
         self.state_name = f"pathswarm.{prefix}.state"
+        self.stance_name = f"pathswarm.{prefix}.stance"
 
     async def start(self) -> None:
         if self.streams is None:  # offline: the node reduces its own rounds, nothing is served
             return
         await self.streams.serve(self.contribute_name, self._on_contribute)
         await self.streams.serve(self.state_name, self._on_state)
+        await self.streams.serve(self.stance_name, self._on_stance)
 
     def _frame_limit(self, module: str) -> int:
         # An int8 frame is ~1 byte per value plus scales and headers; 2× + 64 KiB is a generous cap.
@@ -213,8 +238,14 @@ class ModuleExchange:
                 raise WireError(f"unknown module {module!r}")
             # The frame follows in a second message, bounded by this module's size.
             _, frame = await read_message(reader, self._frame_limit(module), self.traffic)
-            result = await self.reduce(module, field_of(header, "round", int), sender,
-                                       field_of(header, "tokens", int), field_of(header, "digest", str), frame)
+            round_ = field_of(header, "round", int)
+            result = await self.reduce(module, round_, sender, field_of(header, "tokens", int),
+                                       field_of(header, "digest", str), frame)
+            if (module, round_) in self.drop_reply and result.applicable:
+                self.drop_reply.discard((module, round_))
+                logger.warning("fault injection: the reply of %s round %d to %s is dropped", module, round_,
+                               sender[-8:])
+                return
             await self._send_result(writer, result)
         except (WireError, asyncio.IncompleteReadError, ConnectionError) as e:
             logger.warning("contribution from %s refused: %s", sender[-8:], e)
@@ -253,7 +284,8 @@ class ModuleExchange:
 
     async def _send_result(self, writer: asyncio.StreamWriter, r: RoundResult) -> None:
         header = {"module": r.module, "round": r.round, "status": r.status, "contributors": r.contributors,
-                  "tokens": r.tokens, "digest_after": r.digest_after, "reason": r.reason}
+                  "tokens": r.tokens, "digest_after": r.digest_after, "reason": r.reason,
+                  "reducers": list(r.reducers), "redirect": r.redirect}
         await write_message(writer, header, r.mean_frame, self.traffic)
 
     async def reduce(self, module: str, round_: int, sender: str, tokens: int, digest: str,
@@ -271,8 +303,8 @@ class ModuleExchange:
             digest_before, result = closed
             if digest != digest_before:
                 return RoundResult(module, round_, "out_of_sync", reason="state before the round differs")
-            return RoundResult(module, round_, "late", result.mean_frame, result.contributors, result.tokens,
-                               result.digest_after)
+            # A contributor asking again lost our reply: its outer gradient is in the mean ("merged", not "late").
+            return self._answer(result, sender)
         mine = await self._wait_for_state(module)
         if mine is None:
             return RoundResult(module, round_, "failed", reason="reducer does not hold this module")
@@ -289,12 +321,22 @@ class ModuleExchange:
             # Our own state changed (a re-sync) after the round opened: merging outer gradients taken from two
             # different states would leave the members with different replicas under one round.
             return RoundResult(module, round_, "out_of_sync", reason="state before the round differs from the group's")
-        if open_round is None:
-            quorum = 1 << 30 if self.sync_world else self.spec.averaging.min_group  # sync: all of them
-            target = max(1, min(quorum, self.expected_holders.get(module, 1)))
-            world = dict(self.live_holders.get(module, {}))
-            open_round = self._open[key] = _OpenRound(mine.digest, target, world=world)
-            asyncio.get_running_loop().create_task(self._close_after_grace(key, open_round))
+        if open_round is None or not open_round.checked:
+            # Before the first contribution enters, the candidates before us must not hold the round.
+            rival = await self._rival(module, round_, mine)
+            if rival:
+                stale = self._open.get(key)
+                if stale is not None and not stale.frames:  # opened empty for a later candidate's question
+                    self._open.pop(key, None)
+                peer, stance = rival
+                if stance == Stance.AHEAD:
+                    return RoundResult(module, round_, "out_of_sync", reason=f"peer {peer[-8:]} is past this round")
+                return RoundResult(module, round_, "redirect", reason=f"{peer[-8:]} holds this round", redirect=peer)
+            closed = self._closed.get(key)
+            if closed is not None:  # closed while we asked
+                return self._answer(closed[1], sender)
+            open_round = self._open.get(key) or self._open_round(module, round_, mine)
+            open_round.checked = True
         if open_round.result is None:
             open_round.frames[sender] = (tokens, frame)
             if len(open_round.frames) >= open_round.target:
@@ -304,11 +346,105 @@ class ModuleExchange:
         result = open_round.result
         if result.status == "failed":
             return result
+        return self._answer(result, sender)
+
+    @staticmethod
+    def _answer(result: RoundResult, sender: str) -> RoundResult:
         status = "merged" if sender in result.contributors else "late"
         if status == "merged" and len(result.contributors) == 1:
             status = "alone"
-        return RoundResult(module, round_, status, result.mean_frame, result.contributors, result.tokens,
-                           result.digest_after)
+        return RoundResult(result.module, result.round, status, result.mean_frame, result.contributors, result.tokens,
+                           result.digest_after, reducers=result.reducers)
+
+    def _open_round(self, module: str, round_: int, mine: LocalState) -> _OpenRound:
+        quorum = 1 << 30 if self.sync_world else self.spec.averaging.min_group  # sync: all of them
+        target = max(1, min(quorum, self.expected_holders.get(module, 1)))
+        world = dict(self.live_holders.get(module, {}))
+        open_round = self._open[(module, round_)] = _OpenRound(mine.digest, target, world=world)
+        asyncio.get_running_loop().create_task(self._close_after_grace((module, round_), open_round))
+        return open_round
+
+    # ---- who reduces (protocol/reducers.py) -------------------------------------------------
+    def _must_ask(self, module: str, mine: LocalState) -> list[str]:
+        """The candidates to ask before we reduce this round: those before us in the agreed list, or, at its
+        head in a process that has not seen the list work yet, all the others."""
+        agreed = mine.reducers
+        if self.streams is None or not agreed:
+            return []  # offline, or round 0 (no result has named anyone: genesis_candidates, no check possible)
+        if agreed[0] == self.peer_id:
+            return [p for p in agreed[1:]] if module in self.fresh else []
+        return earlier(agreed, self.peer_id)
+
+    async def _rival(self, module: str, round_: int, mine: LocalState) -> tuple[str, Stance] | None:
+        """Ask the candidates that come first whether one of them holds the round (once per round: concurrent
+        contributions wait for the same answer)."""
+        ask = self._must_ask(module, mine)
+        if not ask:
+            return None
+        key = (module, round_)
+        check = self._checks.get(key)
+        if check is None:
+            check = self._checks[key] = asyncio.ensure_future(self._ask_all(module, round_, mine.digest, ask))
+            check.add_done_callback(lambda _f: self._checks.pop(key, None))
+        return await asyncio.shield(check)
+
+    async def _ask_all(self, module: str, round_: int, digest: str, peers: list[str]) -> tuple[str, Stance] | None:
+        answers = await asyncio.gather(*(self._ask(p, module, round_, digest) for p in peers))
+        for peer, stance in zip(peers, answers, strict=True):  # the earliest rival wins
+            if stance in RIVAL:
+                logger.info("%s round %d: %s answers %s; not reducing it here", module, round_, peer[-8:], stance.value)
+                return peer, stance
+        return None
+
+    async def _ask(self, peer: str, module: str, round_: int, digest: str) -> Stance:
+        async def go():
+            reader, writer = await self.streams.open(peer, self.stance_name)
+            try:
+                await write_message(writer, {"module": module, "round": round_, "digest": digest,
+                                             "membership": self.membership}, b"", self.traffic)
+                header, _ = await read_message(reader, 0, self.traffic)
+            finally:
+                writer.close()
+            return Stance(header.get("stance"))
+
+        try:
+            return await asyncio.wait_for(go(), STANCE_TIMEOUT_S)
+        except Exception as e:  # unreachable, frozen, refused or nonsense: not a rival
+            logger.info("%s round %d: no stance from %s (%s)", module, round_, peer[-8:], type(e).__name__)
+            return Stance.NOT_HERE
+
+    def stance(self, module: str, round_: int, digest: str, asker: str) -> Stance:
+        """Our stance on (module, round) when a candidate asks; we open the round for a later candidate, so the
+        earliest live candidate reduces it."""
+        if (module, round_) in self._closed:
+            return Stance.CLOSED
+        if (module, round_) in self._open:
+            return Stance.OPEN
+        mine = self.effective_state(module) if module in self.numels else None
+        if mine is None or mine.round < round_ or mine.digest != digest and mine.round == round_:
+            return Stance.NOT_HERE
+        if mine.round > round_:
+            return Stance.AHEAD
+        agreed = mine.reducers
+        if asker in agreed and self.peer_id in agreed and agreed.index(asker) < agreed.index(self.peer_id):
+            return Stance.NOT_HERE  # a restarted head asking whether anyone took its round: we have not
+        self._open_round(module, round_, mine)
+        return Stance.OPEN
+
+    async def _on_stance(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            if not await self._within_rate("stance", sender, reader, writer):
+                return
+            header, _ = await read_message(reader, 0, self.traffic)
+            if not await self._admit(header, sender, reader, writer):
+                return
+            module, round_ = field_of(header, "module", str), field_of(header, "round", int)
+            stance = self.stance(module, round_, field_of(header, "digest", str), sender)
+            await write_message(writer, {"stance": stance.value}, b"", self.traffic)
+        except (WireError, asyncio.IncompleteReadError, ConnectionError) as e:
+            logger.warning("stance request from %s refused: %s", sender[-8:], e)
+        finally:
+            writer.close()
 
     async def _close_after_grace(self, key: tuple[str, int], open_round: _OpenRound) -> None:
         if not self.sync_world:
@@ -333,7 +469,8 @@ class ModuleExchange:
         logger.warning("module %s round %d failed: %s", key[0], key[1], reason)
         open_round.result = RoundResult(key[0], key[1], "failed", reason=reason)
         open_round.done.set()
-        self._open.pop(key, None)
+        if self._open.get(key) is open_round:
+            self._open.pop(key)
 
     def _close(self, key: tuple[str, int], open_round: _OpenRound) -> None:
         module, round_ = key
@@ -348,17 +485,27 @@ class ModuleExchange:
             logger.warning("rejected peer %s's outer gradient for %s round %d: %s (%d rejected so far%s)", peer, module,
                            round_, reason, self.offenses[peer],
                            "; ignoring it from now on" if self.offenses[peer] >= avg.max_rejections else "")
-        if closed.mean_frame:
-            if closed.after is not None:
-                self._post[module] = closed.after
-            result = RoundResult(module, round_, "merged", closed.mean_frame, list(closed.used), closed.tokens,
-                                 closed.after.digest if closed.after is not None else "")
-            self.tokens_reduced[module] = self.tokens_reduced.get(module, 0) + closed.tokens
-        else:
-            result = RoundResult(module, round_, "failed", reason="no valid contribution")
+        if self._open.get(key) is open_round:
+            self._open.pop(key)
+        if not closed.mean_frame:
+            # Not remembered as closed: a retry of the round (or a candidate asked about it) opens it anew.
+            open_round.result = RoundResult(module, round_, "failed", reason="no valid contribution")
+            open_round.done.set()
+            return
+        reducers = successors(self.peer_id, closed.used)
+        after = None if closed.after is None else dataclasses.replace(closed.after, reducers=reducers)
+        if after is not None:
+            self._post[module] = after
+        result = RoundResult(module, round_, "merged", closed.mean_frame, list(closed.used), closed.tokens,
+                             after.digest if after is not None else "", reducers=reducers)
+        self.tokens_reduced[module] = self.tokens_reduced.get(module, 0) + closed.tokens
+        log = self.reduced_log.setdefault(module, {})
+        log[round_ + 1] = closed.tokens  # keyed by the state round the result makes, as the node's history
+        for old in sorted(log)[:-RESULTS_LOGGED]:
+            del log[old]
+        self.fresh.discard(module)  # the list works: we named the next round's candidates ourselves
         open_round.result = result
         open_round.done.set()
-        self._open.pop(key, None)
         self._closed[key] = (open_round.digest_before, result)
         # Per module: pruning the whole dict in (module, round) order once dropped every result of all
         # modules but the last, so a late member of those was told out_of_sync instead of late.
@@ -367,20 +514,62 @@ class ModuleExchange:
             self._closed.pop((module, old), None)
 
     # ---- member side -------------------------------------------------------------------------
-    async def contribute(self, reducer: str, module: str, round_: int, tokens: int, digest: str, frame: bytes,
-                         timeout_s: float) -> RoundResult:
-        """Send our frame to the round's reducer (ourselves included) and wait for the round's mean."""
-        try:
-            if reducer == self.peer_id:
-                return await asyncio.wait_for(self.reduce(module, round_, reducer, tokens, digest, frame), timeout_s)
-            return await asyncio.wait_for(self._remote_contribute(reducer, module, round_, tokens, digest, frame),
-                                          timeout_s)
-        except TimeoutError:
-            return RoundResult(module, round_, "failed", reason=f"{UNREACHABLE}: no answer in {timeout_s:.0f} s")
-        except (WireError, ConnectionError, OSError, asyncio.IncompleteReadError) as e:
-            return RoundResult(module, round_, "failed", reason=f"{UNREACHABLE}: {e}")
-        except Exception as e:  # p2pd control errors come in several types; a round failing is never fatal
-            return RoundResult(module, round_, "failed", reason=f"{UNREACHABLE}: {type(e).__name__}: {e}")
+    async def contribute(self, candidates: list[str], module: str, round_: int, tokens: int, digest: str,
+                         frame: bytes, timeout_s: float) -> RoundResult:
+        """Send our frame to the round's reducer and wait for the round's mean. `candidates`: who may reduce it, in
+        the agreed failover order (protocol/reducers.py); a candidate that cannot be reached, or refuses, passes
+        the round to the next, and one that redirects us to an earlier candidate is followed (twice at most)."""
+        deadline = self.clock.now() + timeout_s
+        queue, redirects, last = list(candidates), 0, None
+        while queue:
+            reducer = queue.pop(0)
+            left = deadline - self.clock.now()
+            if left <= 0:
+                break
+            # A live reducer answers once its round closes (the grace window after it opened); more means frozen.
+            wait_s = left if self.sync_world else min(left, self.spec.averaging.grace_s + STANCE_TIMEOUT_S + 3)
+            last = await self._contribute_to(reducer, module, round_, tokens, digest, frame, wait_s)
+            last.reducer = reducer
+            if last.status == "redirect" and redirects < 2 and last.redirect in candidates:
+                redirects += 1
+                queue.insert(0, last.redirect)
+                continue
+            if last.status == "failed" and (last.reason.startswith(UNREACHABLE) or last.reason.startswith("refused")):
+                if reducer != self.peer_id:
+                    self.skip_until[reducer] = self.clock.now() + self.spec.averaging.claim_ttl_s
+                continue
+            if last.applicable:
+                self.fresh.discard(module)
+            return last
+        if last is not None and last.status != "redirect":
+            return last
+        return RoundResult(module, round_, "failed", reason=f"{UNREACHABLE}: no candidate reduced the round")
+
+    def skipped(self) -> list[str]:
+        """Peers that failed one of our rounds at the connection level recently: members try them last."""
+        now = self.clock.now()
+        self.skip_until = {p: t for p, t in self.skip_until.items() if t > now}
+        return sorted(self.skip_until)
+
+    async def _contribute_to(self, reducer: str, module: str, round_: int, tokens: int, digest: str, frame: bytes,
+                             timeout_s: float) -> RoundResult:
+        """One reducer; a connection that breaks is tried once more: if the reducer merged our frame and only its
+        reply was lost, it answers from the closed round ("merged"), so we do not go elsewhere with it."""
+        for attempt in range(2):
+            try:
+                if reducer == self.peer_id:
+                    return await asyncio.wait_for(self.reduce(module, round_, reducer, tokens, digest, frame),
+                                                  timeout_s)
+                return await asyncio.wait_for(self._remote_contribute(reducer, module, round_, tokens, digest, frame),
+                                              timeout_s)
+            except TimeoutError:
+                return RoundResult(module, round_, "failed", reason=f"{UNREACHABLE}: no answer in {timeout_s:.0f} s")
+            except Exception as e:  # broken stream, p2pd control errors (several types): never fatal
+                reason = f"{UNREACHABLE}: {type(e).__name__}: {e}"
+                if attempt == 0:
+                    logger.info("%s round %d: %s; asking %s again", module, round_, reason, reducer[-8:])
+                    await self.clock.sleep(LOST_REPLY_RETRY_S)
+        return RoundResult(module, round_, "failed", reason=reason)
 
     async def _remote_contribute(self, reducer: str, module: str, round_: int, tokens: int, digest: str,
                                  frame: bytes) -> RoundResult:
@@ -396,9 +585,14 @@ class ModuleExchange:
         if status == "refused":
             return RoundResult(module, round_, "failed", reason=f"refused: {str(header.get('reason'))[:200]}")
         contributors = header.get("contributors") if isinstance(header.get("contributors"), list) else []
+        try:
+            reducers = parse_candidates(header.get("reducers") or [])
+        except ValueError:
+            reducers = ()
         return RoundResult(module, field_of(header, "round", int), status, mean_frame,
                            [str(c) for c in contributors[:1024]], int(header.get("tokens") or 0),
-                           str(header.get("digest_after") or ""), str(header.get("reason") or "")[:200])
+                           str(header.get("digest_after") or ""), str(header.get("reason") or "")[:200],
+                           reducers=reducers, redirect=str(header.get("redirect") or "")[:128])
 
     # ---- state download ----------------------------------------------------------------------
     async def _on_state(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -415,16 +609,16 @@ class ModuleExchange:
                 await write_message(writer, {"status": "missing"}, b"", self.traffic)
                 return
             payload = torch.cat([state.anchor.float(), state.momentum.float()]).numpy().tobytes()
-            await write_message(writer, {"status": "ok", "round": state.round, "digest": state.digest},
-                                payload, self.traffic)
+            await write_message(writer, {"status": "ok", "round": state.round, "digest": state.digest,
+                                         "reducers": list(state.reducers)}, payload, self.traffic)
         except (WireError, ConnectionError, asyncio.IncompleteReadError) as e:
             logger.warning("state request from %s failed: %s", sender[-8:], e)
         finally:
             writer.close()
 
-    async def fetch_state(self, peer: str, module: str, timeout_s: float) -> tuple[int, str, torch.Tensor,
-                                                                                     torch.Tensor] | None:
-        """Download a module's (round, digest, anchor, momentum) from a peer; None if it fails."""
+    async def fetch_state(self, peer: str, module: str, timeout_s: float) -> LocalState | None:
+        """Download a module's state (round, digest as the peer says it, anchor, momentum, reducers) from a peer;
+        None if it fails. The caller checks the digest."""
         numel = self.numels[module]
 
         async def go():
@@ -454,4 +648,8 @@ class ModuleExchange:
         anchor, momentum = values[:numel].clone(), values[numel:].clone()
         if not (torch.isfinite(anchor).all() and torch.isfinite(momentum).all()):
             return None
-        return round_, str(header.get("digest") or ""), anchor, momentum
+        try:
+            reducers = parse_candidates(header.get("reducers") or [])
+        except ValueError:
+            return None
+        return LocalState(round_, str(header.get("digest") or "")[:64], anchor, momentum, reducers)

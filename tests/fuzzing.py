@@ -65,6 +65,7 @@ from pathswarm.protocol.records import (
     record_to_json,
     record_to_wire,
 )
+from pathswarm.protocol.reducers import Stance
 from pathswarm.protocol.spec import AveragingSpec, MembershipSpec, RouterSpec, SpecError, SwarmSpec, loads_spec
 from pathswarm.protocol.wire import MAGIC, MAX_HEADER_BYTES, Traffic, WireError, field_of, read_message, write_message
 
@@ -129,7 +130,7 @@ XCERT = issue(OWNER, XPRIVATE.swarm_id, PEER, 4e9, now=NOW).token
 STATE = LocalState(3, "d0" * 8, torch.linspace(-1, 1, NUMEL), torch.zeros(NUMEL))
 STATE_PAYLOAD = torch.cat([STATE.anchor, STATE.momentum]).numpy().tobytes()
 FRAME = encode(torch.randn(NUMEL, generator=torch.Generator().manual_seed(0)) * 1e-3)
-STATUSES = {"merged", "alone", "late", "out_of_sync", "behind", "failed", "refused", "missing", "ok"}
+STATUSES = {"merged", "alone", "late", "out_of_sync", "behind", "failed", "refused", "missing", "ok", "redirect"}
 
 FRAME_MAX_ELEMENTS = 4096
 _gen = torch.Generator().manual_seed(0)
@@ -663,6 +664,24 @@ def gen_state_request(rng: random.Random):
     return private, framed(mutated_header({"module": "L1M1", "membership": XCERT if private else ""}, rng), rng)
 
 
+def gen_stance_request(rng: random.Random):
+    private = rng.random() < 0.5
+    header = {"module": "shared", "round": STATE.round, "digest": STATE.digest, "membership": XCERT if private else ""}
+    return private, framed(mutated_header(header, rng), rng)
+
+
+def run_stance(inp) -> str:
+    """A stance reply names one of the stances (or the request is refused with a reason, or dropped)."""
+    reply = LOOP.run(handle("_on_stance", *inp))
+    if not reply:
+        return "refused"
+    header, payload = LOOP.run(read(reply, 1 << 20))
+    if header.get("status") == "refused":
+        return "refused"
+    assert header.get("stance") in {s.value for s in Stance} and not payload, f"bad stance {str(header)[:60]}"
+    return "accepted"
+
+
 async def handle(handler_name: str, private: bool, data: bytes) -> bytes:
     """What the exchange's handler `handler_name` writes back to a peer that sent `data`."""
     sink = Sink()
@@ -676,7 +695,7 @@ def serve(handler_name: str) -> Callable:
 
 
 def gen_state_reply(rng: random.Random) -> bytes:
-    header = mutated_header({"status": "ok", "round": STATE.round, "digest": STATE.digest}, rng)
+    header = mutated_header({"status": "ok", "round": STATE.round, "digest": STATE.digest, "reducers": [PEER]}, rng)
     payload = rng.choice([STATE_PAYLOAD, mutate_bytes(STATE_PAYLOAD, rng), rng.randbytes(rng.randrange(600))])
     return framed(header, rng, payload)
 
@@ -685,21 +704,22 @@ def run_fetch_state(reply: bytes) -> str:
     result = LOOP.run(exchange(False, FakeStreams(reply)).fetch_state(PEER, "L0M1", 5.0))
     if result is None:
         return "refused"
-    round_, digest, anchor, momentum = result
+    round_, digest, anchor, momentum = result.round, result.digest, result.anchor, result.momentum
     assert isinstance(round_, int) and 0 <= round_ < 1 << 63 and isinstance(digest, str), "round out of bounds"
     assert anchor.shape == momentum.shape == (NUMEL,)
     assert bool(torch.isfinite(anchor).all() and torch.isfinite(momentum).all()), "non-finite state"
+    assert len(result.reducers) <= 64 and all(p.isalnum() for p in result.reducers), "reducers unchecked"
     return "accepted"
 
 
 def gen_contribute_reply(rng: random.Random) -> bytes:
     header = {"module": "L0M0", "round": 3, "status": "merged", "contributors": [PEER], "tokens": 5,
-              "digest_after": "d1" * 8, "reason": ""}
+              "digest_after": "d1" * 8, "reason": "", "reducers": [PEER], "redirect": ""}
     return framed(mutated_header(header, rng), rng, FRAME)
 
 
 def run_contribute_reply(reply: bytes) -> str:
-    result = LOOP.run(exchange(False, FakeStreams(reply)).contribute(PEER, "L0M0", 3, 5, STATE.digest, FRAME, 5.0))
+    result = LOOP.run(exchange(False, FakeStreams(reply)).contribute([PEER], "L0M0", 3, 5, STATE.digest, FRAME, 5.0))
     assert isinstance(result.status, str) and isinstance(result.mean_frame, bytes)
     return "accepted" if result.status in ("merged", "alone", "late") else "refused"
 
@@ -737,6 +757,7 @@ FUZZERS = [
     Fuzzer("wire.field_of", gen_field_of, run_field_of, (WireError,)),
     Fuzzer("exchange._on_contribute", gen_contribute_request, serve("_on_contribute")),
     Fuzzer("exchange._on_state", gen_state_request, serve("_on_state")),
+    Fuzzer("exchange._on_stance", gen_stance_request, run_stance),
     Fuzzer("exchange.fetch_state", gen_state_reply, run_fetch_state),
     Fuzzer("exchange.contribute (reply)", gen_contribute_reply, run_contribute_reply),
     Fuzzer("compression.decode", lambda rng: mutate_frame(rng.choice(FRAMES), rng), run_decode, (CodecError,)),

@@ -1,9 +1,10 @@
-"""Who serves what: the node's path claim, the claims of its peers, and who reduces each module's round.
+"""Who serves what: the node's path claim, the claims of its peers, and the module groups they make.
 
 `view_of` and `groups_of` are pure: the claims read from the DHT → a `ClaimsView` (per module: holders,
 holders that have trained a round, the round each live holder's claim says) → `Groups` (holders including
-ourselves, and each module's reducer). `Claims` does the DHT side: choosing and settling a path, publishing
-and renewing our claim, reading the others' (bounded in time), and remembering reducers that failed us.
+ourselves; the candidates to reduce a module's first round, before any result has named them). Who reduces
+later rounds does not depend on the claims: protocol/reducers.py. `Claims` does the DHT side: choosing and
+settling a path, publishing and renewing our claim, reading the others' (bounded in time).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathswarm.protocol.dht import publish_claim, read_claims, withdraw_claim
 from pathswarm.protocol.path_choice import choose_path
 from pathswarm.protocol.records import PathClaim
+from pathswarm.protocol.reducers import genesis_candidates
 from pathswarm.protocol.spec import SwarmSpec, format_path, parse_path
 
 logger = logging.getLogger(__name__)
@@ -41,8 +43,8 @@ class Groups:
 
     holders: dict[str, list[str]]
     """Module → its holders, ourselves included, sorted."""
-    reducers: dict[str, str]
-    """Module → the peer that reduces its next round."""
+    genesis: dict[str, tuple[str, ...]]
+    """Module → who may reduce its round 0, in order (protocol/reducers.py `genesis_candidates`)."""
     live: dict[str, dict[str, int]]
     """Module → live holder → its claim's round, ourselves included."""
 
@@ -64,14 +66,12 @@ def view_of(claims: Iterable[PathClaim], spec: SwarmSpec, module_ids: Iterable[s
                       live)
 
 
-def groups_of(view: ClaimsView, me: str, my_round: int, skip: set[str]) -> Groups:
-    """Holders and reducers: the smallest seasoned holder not in `skip` (peers that just failed us), else the
-    smallest holder, else ourselves. Every member that lost a reducer skips it alike, so all move to the same one."""
+def groups_of(view: ClaimsView, me: str, my_round: int) -> Groups:
     holders = {mid: peers | {me} for mid, peers in view.holders.items()}
     seasoned = {mid: peers | ({me} if my_round > 0 else set()) for mid, peers in view.seasoned.items()}
-    reducers = {mid: min((seasoned[mid] - skip) or (holders[mid] - skip) or {me}) for mid in holders}
+    genesis = {mid: genesis_candidates(holders[mid], seasoned[mid]) for mid in holders}
     live = {mid: {**peers, me: my_round} for mid, peers in view.live.items()}
-    return Groups({mid: sorted(peers) for mid, peers in holders.items()}, reducers, live)
+    return Groups({mid: sorted(peers) for mid, peers in holders.items()}, genesis, live)
 
 
 class Claims:
@@ -84,9 +84,6 @@ class Claims:
         self.module_ids: list[str] = []
         self.claim: PathClaim | None = None
         self.groups: Groups | None = None
-        # peer → clock time until which we do not pick it as a reducer: it failed a round of ours at the
-        # connection level (killed, restarting, frozen). Its claim may stay in the DHT for claim_ttl_s.
-        self.unreachable: dict[str, float] = {}
         self._view: ClaimsView | None = None
         self._view_started = 0.0  # clock time the installed view was read from
         self._view_lock = threading.Lock()
@@ -147,19 +144,13 @@ class Claims:
             self._derive()
 
     def rederive(self) -> None:
-        """Re-derive the groups from the last claims read, with the peers that failed us since skipped."""
+        """Re-derive the groups from the last claims read (our own round may have changed)."""
         with self._view_lock:
             if self._view is not None:
                 self._derive()
 
-    def mark_unreachable(self, peer: str) -> None:
-        with self._view_lock:
-            self.unreachable[peer] = self.clock() + self.spec.averaging.claim_ttl_s
-
     def _derive(self) -> None:  # held: self._view_lock
-        now = self.clock()
-        self.unreachable = {p: until for p, until in self.unreachable.items() if until > now}
-        self.groups = groups_of(self._view, self.sdht.peer_id, self.my_round(), set(self.unreachable))
+        self.groups = groups_of(self._view, self.sdht.peer_id, self.my_round())
         self.on_groups(self.groups)
 
     def wait_for_peers(self, count: int, timeout_s: float) -> None:

@@ -77,6 +77,10 @@ class NodeStatus:
     """Tokens of the shared module's rounds this node closed as their reducer (summed over the swarm: the tokens
     that entered the model, counted once, including those of members that died before hearing the result)."""
     digest_mismatches: int = 0
+    splits_healed: int = 0
+    """Rounds we found merged in two versions whose losing version was ours (then re-synced: node/peer/splits.py)."""
+    tokens_reduced_discarded: int = 0
+    """Tokens of rounds we reduced that a healed split threw away (no longer in tokens_reduced)."""
     """Rounds after which our replica of a module differed from the group's (then re-synced from the reducer)."""
     tokens_resumed: int = 0
     """Tokens of a round in progress that a previous run of this node saved and this one took over (their steps
@@ -94,6 +98,8 @@ class NodeStatus:
     """Wall time of the whole training loop (inner steps, waiting and applying included)."""
     digests: dict[str, str] = field(default_factory=dict)
     module_rounds: dict[str, int] = field(default_factory=dict)
+    reducers: dict[str, list[str]] = field(default_factory=dict)
+    """module → who reduces its next round, in failover order (protocol/reducers.py)."""
     loss_curve: list[float] = field(default_factory=list)
     """Mean training loss of the last inner steps of every round."""
     loss_history: list[tuple[int, float]] = field(default_factory=list)

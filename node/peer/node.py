@@ -21,6 +21,7 @@ complete round, withdraw the claim, exit 0.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -35,11 +36,13 @@ from pathswarm.node.peer.claims import Claims, Groups
 from pathswarm.node.peer.config import CLAIMS_READ_S, ROUND1_SETTLE_S, NodeConfig, NodeStatus
 from pathswarm.node.peer.resume import PartialRounds
 from pathswarm.node.peer.rounds import Rounds, exchange_closer
+from pathswarm.node.peer.splits import Heal, SplitWatch, lost_since, split_verdict
 from pathswarm.node.peer.state_sync import StateSync
 from pathswarm.node.peer.status import PhaseClock, RoundWork, write_ready, write_status
 from pathswarm.node.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from pathswarm.node.train.inner import evaluate_loss
 from pathswarm.node.train.worker import PathWorker
+from pathswarm.protocol.dht import read_module_holders
 from pathswarm.protocol.exchange import ModuleExchange
 from pathswarm.protocol.net import SwarmNet, start_net
 from pathswarm.protocol.netloop import NetLoop
@@ -59,9 +62,10 @@ class Node:
         self.status = NodeStatus()
         self.work = RoundWork(self.status)
         self.partial = PartialRounds(cfg, self.status)
+        self.splits = SplitWatch()
         self.sdht = self.claims = self.chores = self.heartbeat = self.announcer = None
         self.worker = self.exchange = self.rounds = self.sync = self.net = None
-        self.reducers: dict[str, str] = {}
+        self.groups: Groups | None = None
         self._checkpoint = None  # None: not read yet; False: none usable (see _load_checkpoint)
         self._chunk_tokens = 0  # tokens of the chunk being trained, not yet added to status.tokens_trained
 
@@ -95,8 +99,9 @@ class Node:
                                      name=self.status.peer_id, device=device)
             self._start_exchange()
             if cfg.offline:
-                self._use_groups(Groups({mid: [self.status.peer_id] for mid in self.worker.module_ids},
-                                        {mid: self.status.peer_id for mid in self.worker.module_ids}, {}))
+                me = self.status.peer_id
+                self._use_groups(Groups({mid: [me] for mid in self.worker.module_ids},
+                                        {mid: (me,) for mid in self.worker.module_ids}, {}))
             else:
                 self.claims.publish(path, self.status.tokens_per_s)
                 self.claims.wait_for_peers(cfg.wait_peers, cfg.wait_peers_timeout_s)
@@ -147,9 +152,8 @@ class Node:
                                        self.traffic, membership=self.cfg.membership, sync_world=self.cfg.sync_rounds)
         self.net.run(self.exchange.start(), 30)
         self.sync = StateSync(spec, self.worker, self.status, self.exchange, self.net, self.sdht)
-        self.rounds = Rounds(self.cfg, self.status, self.worker, self.exchange, self.net,
-                             self.claims.mark_unreachable if self.claims else (lambda peer: None),
-                             self.sync.publish_local)
+        self.rounds = Rounds(self.cfg, self.status, self.worker, self.exchange, self.net, self.sync.publish_local)
+        self.exchange.drop_reply = _faults_from_env()
         if not offline:  # any member can hand the spec to a machine joining with --join
             self.net.run(SpecServer([spec]).start(streams), 30)
             self.announcer = Announcer(spec, self.sdht, self.status, self.worker, None)
@@ -174,8 +178,8 @@ class Node:
         return self.claims.settle_path(path) if self.cfg.path == "auto" else path
 
     def _use_groups(self, groups: Groups) -> None:
-        """Install freshly derived groups: reducers for our sends, group sizes for the rounds we reduce."""
-        self.reducers = groups.reducers
+        """Install freshly derived groups: holders for our sends, group sizes for the rounds we reduce."""
+        self.groups = groups
         for mid, peers in groups.holders.items():
             if self.cfg.sync_rounds:
                 # A data-parallel job's world only grows: a dead worker still counts, and the round waits
@@ -311,7 +315,7 @@ class Node:
                 self._refresh_claims(None if self.cfg.sync_rounds else CLAIMS_READ_S)
             with self.work("send"):
                 self.partial.on_send()
-                self.rounds.send(self.reducers)
+                self.rounds.send(self.groups)
             rounds_sent += 1
             if self.cfg.sync_rounds:
                 with self.work("settle"):
@@ -357,6 +361,8 @@ class Node:
     def _poll(self, block: bool, timeout_s: float | None = None, abandon: bool = True) -> None:
         if self.rounds.poll(block, timeout_s, abandon):
             self._round_complete()
+        for heal in self.splits.take():
+            self._heal(heal)
         for mid, peer in list(self.rounds.resync_from.items()):
             if self.sync.download(mid, peer, keep_progress=True):
                 logger.info("re-synced %s from %s at round %d", mid, peer[-8:], self.worker.outer[mid].round)
@@ -382,10 +388,38 @@ class Node:
         if self.announcer is not None:
             with self.work("announce"):
                 self.announcer.announce()
+                self.chores.submit("splits", self._look_for_splits)
         with self.work("status"):
             self._write_status()
         logger.info("round %d: loss %.4f, %.0f tok/s, group %d, sent %d B, received %d B", st.round, st.loss,
                     st.tokens_per_s, st.last_group, st.bytes_sent, st.bytes_received)
+
+    def _look_for_splits(self) -> None:
+        """Chores thread: compare our modules' digests with those their other holders announce."""
+        try:
+            for mid in self.worker.module_ids:
+                mine = self.sync.local_states.get(mid)
+                if mine is None or mine.round == 0:
+                    continue
+                announced = [(a.peer_id, a.round, a.digest) for a in read_module_holders(self.sdht, self.spec, mid)]
+                self.splits.observe(split_verdict(mid, mine.round, mine.digest, self.status.peer_id, announced))
+        except Exception as e:  # advisory: the next round looks again
+            logger.warning("could not compare digests with the module's holders: %s", e)
+
+    def _heal(self, heal: Heal) -> None:
+        """Our version of a split round lost: count its work as discarded and re-sync from the winning side."""
+        mine = self.sync.local_states.get(heal.module)
+        if mine is None or mine.round != heal.round or mine.digest != heal.ours:
+            return  # our state moved on (a re-sync already replaced it)
+        lost = lost_since(self.rounds.merged_log.get(heal.module, {}), heal.round)
+        reduced = lost_since(self.exchange.reduced_log.get(heal.module, {}), heal.round)
+        self.exchange.tokens_reduced[heal.module] = self.exchange.tokens_reduced.get(heal.module, 0) - reduced
+        if heal.module == "shared":
+            self.status.tokens_merged -= lost
+            self.status.tokens_discarded += lost
+            self.status.tokens_reduced_discarded += reduced
+        self.status.splits_healed += 1
+        self.rounds.resync_from[heal.module] = heal.peer
 
     def _write_status(self) -> None:
         if self.rounds is not None:
@@ -415,6 +449,16 @@ class Node:
                 self._write_status()  # rounds we closed for others until our network stopped count too
         if self.sdht is not None:
             self.sdht.shutdown()
+
+
+def _faults_from_env() -> set[tuple[str, int]]:
+    """Fault injection for tests: PATHSWARM_TEST_DROP_REPLY="MODULE:ROUND,…" makes this node, as the reducer of
+    those rounds, close its reply to their members unsent (as if the connection broke after the merge)."""
+    out = set()
+    for item in filter(None, os.environ.get("PATHSWARM_TEST_DROP_REPLY", "").split(",")):
+        module, _, round_ = item.rpartition(":")
+        out.add((module, int(round_)))
+    return out
 
 
 def start_node_dht(cfg: NodeConfig, spec: SwarmSpec) -> SwarmNet:

@@ -14,15 +14,20 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from pathswarm.node.peer.claims import Groups
 from pathswarm.node.peer.config import NodeConfig, NodeStatus
 from pathswarm.node.train.outer import OuterState
 from pathswarm.node.train.round import Contribution, close_round, make_contribution, settle
 from pathswarm.node.train.worker import PathWorker
-from pathswarm.protocol.exchange import RANK_LOST, UNREACHABLE, Closed, Closer, LocalState, ModuleExchange, RoundResult
+from pathswarm.protocol.exchange import RANK_LOST, Closed, Closer, LocalState, ModuleExchange, RoundResult
 from pathswarm.protocol.netloop import NetLoop
+from pathswarm.protocol.reducers import candidates
 from pathswarm.protocol.spec import SwarmSpec
 
 logger = logging.getLogger(__name__)
+
+MERGED_LOG_ROUNDS = 64
+"""Rounds of our merged tokens kept per module: a split is found within a round or two of happening."""
 
 
 @dataclass
@@ -32,17 +37,17 @@ class InFlight:
     future: Future
     sent: Contribution
     reducer: str
-    """Who reduces the round: the peer to re-sync from if it answers that the group is elsewhere."""
+    """The first candidate to reduce the round: the peer to re-sync from if the group is elsewhere."""
 
 
 class Rounds:
     """Rounds in flight, tokens carried, re-syncs pending. Driven by the training thread only."""
 
     def __init__(self, cfg: NodeConfig, status: NodeStatus, worker: PathWorker, exchange: ModuleExchange,
-                 net: NetLoop, mark_unreachable: Callable[[str], None], publish_local: Callable[[str], None]):
+                 net: NetLoop, publish_local: Callable[[str], None]):
         self.cfg, self.spec, self.status = cfg, cfg.spec, status
         self.worker, self.exchange, self.net = worker, exchange, net
-        self.mark_unreachable, self.publish_local = mark_unreachable, publish_local
+        self.publish_local = publish_local
         self.in_flight: dict[str, InFlight] = {}
         # module → tokens whose steps stayed in our local weights without being merged (a late, failed or
         # skipped round): the next outer gradient of that module carries those steps, so it counts them too.
@@ -51,9 +56,12 @@ class Rounds:
         self.catch_up = False  # our last round came late: make the next chunk shorter
         self.settled_any = False  # a round settled since the last completed one
         self.abandoned = False  # a round's fate is unknown: its steps may or may not be in the swarm's anchor
+        # module → state round → our tokens merged in the round that made it (a healed split takes them back)
+        self.merged_log: dict[str, dict[int, int]] = {}
 
-    def send(self, reducers: dict[str, str]) -> None:
-        """Every module's outer gradient to its reducer; the rounds run in the background."""
+    def send(self, groups: Groups) -> None:
+        """Every module's outer gradient to its reducer; the rounds run in the background. Who reduces follows from
+        the last round's result (the module state's `reducers`), else, before any, from the claims."""
         tokens = self.worker.round_tokens
         timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
         for mid in self.worker.module_ids:
@@ -63,10 +71,10 @@ class Rounds:
             st = self.worker.outer[mid]
             sent = make_contribution(st, self.worker.flat(mid), self.worker.feedback[mid], self.spec.codec,
                                      tokens + self.carry.pop(mid, 0))
-            reducer = reducers[mid]
-            fut = self.net.submit(self.exchange.contribute(reducer, mid, sent.round, sent.tokens, sent.digest_before,
+            order = candidates(st.reducers or groups.genesis[mid], groups.holders[mid], self.exchange.skipped())
+            fut = self.net.submit(self.exchange.contribute(order, mid, sent.round, sent.tokens, sent.digest_before,
                                                            sent.frame, timeout))
-            self.in_flight[mid] = InFlight(fut, sent, reducer)
+            self.in_flight[mid] = InFlight(fut, sent, order[0])
         self.worker.end_round()
 
     def poll(self, block: bool, timeout_s: float | None = None, abandon: bool = True) -> bool:
@@ -107,7 +115,7 @@ class Rounds:
         discard = self.cfg.sync_rounds and result.reason.startswith(RANK_LOST)
         done = settle(st, item.sent, self.worker.flat(mid), result.status, result.round,
                       result.mean_frame if result.applicable else b"", result.digest_after, self.spec.outer,
-                      discard=discard)
+                      discard=discard, next_reducers=result.reducers)
         if done.local is not None:
             self.worker.set_flat(mid, done.local)
         if done.restore_feedback:
@@ -117,6 +125,11 @@ class Rounds:
         if mid == "shared":
             self.status.tokens_merged += done.merged_tokens
             self.status.tokens_discarded += done.discarded_tokens
+        if done.merged_tokens:
+            log = self.merged_log.setdefault(mid, {})
+            log[st.round] = done.merged_tokens
+            for old in sorted(log)[:-MERGED_LOG_ROUNDS]:
+                del log[old]
         if done.applied:
             if result.status == "late":
                 self.catch_up = True
@@ -125,7 +138,7 @@ class Rounds:
                 logger.error("module %s round %d: digest %s != group's %s; re-syncing", mid, result.round,
                              done.digest_after, result.digest_after)
                 self.status.digest_mismatches += 1
-                self._resync_later(mid, item.reducer)
+                self._resync_later(mid, result.reducer or item.reducer)
             if mid == "shared":
                 self.status.last_group = len(result.contributors)
             self.publish_local(mid)
@@ -133,13 +146,11 @@ class Rounds:
                 self.status.history[mid][str(st.round)] = done.digest_after
                 self.status.groups.setdefault(mid, {})[str(st.round)] = list(result.contributors)
             return
-        if result.reason.startswith(UNREACHABLE) and item.reducer != self.status.peer_id:
-            self.mark_unreachable(item.reducer)
         self.status.rounds_failed += 1
         reason = result.reason if not result.applicable else done.reason
         logger.warning("module %s round %d: %s (%s)", mid, st.round, result.status, reason)
         if result.status == "out_of_sync":
-            self._resync_later(mid, item.reducer)
+            self._resync_later(mid, result.reducer or item.reducer)
         # "behind": the reducer re-syncs itself; our outer gradient waits for the next round
 
     def _resync_later(self, mid: str, peer: str) -> None:

@@ -31,9 +31,10 @@ class StateSync:
     def publish_local(self, mid: str) -> None:
         st = self.worker.outer[mid]
         digest = st.digest()
-        self.local_states[mid] = LocalState(st.round, digest, st.anchor.clone(), st.momentum.clone())
+        self.local_states[mid] = LocalState(st.round, digest, st.anchor.clone(), st.momentum.clone(), st.reducers)
         self.status.digests[mid] = digest
         self.status.module_rounds[mid] = st.round
+        self.status.reducers[mid] = list(st.reducers)
 
     def initial(self, ckpt: Checkpoint | None, resumed: bool) -> None:
         """Newest state of every module: from a peer, else our checkpoint (already restored), else the seed init.
@@ -56,13 +57,14 @@ class StateSync:
         got = self.net.run(self.exchange.fetch_state(peer, mid, timeout_s), timeout_s + 5)
         if got is None:
             return False
-        round_, digest, anchor, momentum = got
-        if state_digest(anchor, momentum, round_) != digest:
+        if state_digest(got.anchor, got.momentum, got.round) != got.digest:
             logger.warning("state of %s from %s fails its digest; ignored", mid, peer[-8:])
             return False
+        anchor = got.anchor
         old_anchor = self.worker.outer[mid].anchor.clone()
         progress = self.worker.flat(mid) - old_anchor if keep_progress else None
-        state = ModuleState(weights=unflatten(self.worker, mid, anchor), momentum=momentum, round=round_)
+        state = ModuleState(weights=unflatten(self.worker, mid, anchor), momentum=got.momentum, round=got.round,
+                            reducers=got.reducers)
         self.worker.restore(mid, state)
         self.worker.feedback[mid].reset()
         self.net.loop.call_soon_threadsafe(self.exchange.forget_pending, mid)

@@ -32,6 +32,7 @@ from pathswarm.protocol.spec import SwarmSpec
 FORMAT_VERSION = 1
 MOMENTUM_KEY = "__outer_momentum__"
 KEEP_ROUNDS = 2
+MAX_REDUCERS = 64  # reducer candidates a checkpoint or a peer may name (protocol/exchange.py bounds them too)
 
 
 class CheckpointError(ValueError):
@@ -45,6 +46,8 @@ class ModuleState:
     weights: dict[str, torch.Tensor]
     momentum: torch.Tensor
     round: int
+    reducers: tuple[str, ...] = ()
+    """Who reduces the next round, in failover order (see OuterState.reducers)."""
 
     def flat_weights(self) -> torch.Tensor:
         return torch.cat([self.weights[k].reshape(-1).float() for k in self.weights])
@@ -90,7 +93,7 @@ def save_checkpoint(root: str | Path, spec: SwarmSpec, round_: int, modules: dic
         with open(path, "rb+") as f:
             os.fsync(f.fileno())
         manifest["modules"][mid] = {"file": path.name, "sha256": _sha256_file(path), "round": st.round,
-                                    "digest": module_digest(st)}
+                                    "digest": module_digest(st), "reducers": list(st.reducers)}
     write_json_atomic(tmp / "manifest.json", manifest, sort_keys=True, durable=True)
     if final.exists():
         shutil.rmtree(final)
@@ -171,4 +174,9 @@ def _load_module(d: Path, spec: SwarmSpec, mid: str, entry: dict) -> ModuleState
     numel = sum(v.numel() for v in weights.values())
     if momentum is None or momentum.numel() != numel:
         raise CheckpointError(f"{path}: outer momentum missing or of the wrong size")
-    return ModuleState(weights=weights, momentum=momentum.reshape(-1), round=int(entry.get("round", 0)))
+    reducers = entry.get("reducers", [])
+    if not (isinstance(reducers, list) and len(reducers) <= MAX_REDUCERS
+            and all(isinstance(p, str) and 0 < len(p) <= 128 for p in reducers)):
+        raise CheckpointError(f"{d}/manifest.json: module {mid}'s reducers must be a list of peer ids")
+    return ModuleState(weights=weights, momentum=momentum.reshape(-1), round=int(entry.get("round", 0)),
+                       reducers=tuple(reducers))

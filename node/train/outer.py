@@ -44,6 +44,9 @@ class OuterState:
     anchor: torch.Tensor
     momentum: torch.Tensor
     round: int = 0
+    reducers: tuple[str, ...] = ()
+    """Who reduces the next round, in failover order, as the result of the last round named them (every member
+    that applied it holds the same list; empty before the first round). Not part of the digest."""
 
     @classmethod
     def fresh(cls, weights: torch.Tensor) -> OuterState:

@@ -160,12 +160,14 @@ class Settlement:
 
 
 def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, status: str, result_round: int,
-           mean_frame: bytes, digest_expected: str, outer: OuterOptSpec, discard: bool = False) -> Settlement:
+           mean_frame: bytes, digest_expected: str, outer: OuterOptSpec, discard: bool = False,
+           next_reducers: tuple[str, ...] = ()) -> Settlement:
     """Settle one round of one module on a member (the rule in the module docstring).
 
     `state` is the module's outer state and is updated in place when a mean is applied; `local_now` the local
     weights now (inner steps may have run since the send); `discard`: on a failed round throw our steps away
-    instead of carrying them (the synchronous baseline when a member died)."""
+    instead of carrying them (the synchronous baseline when a member died); `next_reducers`: who reduces the next
+    round, as the result names them (protocol/reducers.py), kept with the state when the mean is applied."""
     reason = f"status {status}"
     if status in APPLIED and mean_frame and result_round == state.round == sent.round:
         try:
@@ -175,6 +177,7 @@ def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, statu
         else:
             old_anchor = state.anchor.clone()
             state.apply(mean, outer)
+            state.reducers = tuple(next_reducers)
             digest = state.digest()
             base = sent.local_when_sent if status in MERGED else old_anchor
             local = state.anchor + (local_now.detach().to("cpu", torch.float32) - base)

@@ -29,6 +29,7 @@ from pathswarm.node.train.checkpoint import ModuleState, save_checkpoint
 from pathswarm.node.train.inner import evaluate_loss, make_inner_optimizer, set_warmup_lr
 from pathswarm.node.train.round import close_round, make_contribution, settle
 from pathswarm.node.train.worker import PathWorker
+from pathswarm.protocol.reducers import successors
 from pathswarm.protocol.spec import SwarmSpec, format_path
 
 MODES = ("diloco", "dipaco", "sync")
@@ -244,7 +245,7 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
         if not closed.mean_frame:
             status = "failed"
         done = settle(w.outer[mid], sent[w.name], w.flat(mid), status, w.outer[mid].round, closed.mean_frame,
-                      closed.digest_after, spec.outer)
+                      closed.digest_after, spec.outer, next_reducers=successors(min(frames), closed.used))
         if done.local is not None:
             w.set_flat(mid, done.local)
         if done.restore_feedback:

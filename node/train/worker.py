@@ -82,7 +82,7 @@ class PathWorker:
         for name, t in template.items():
             weights[name] = st.anchor[offset:offset + t.numel()].view_as(t).clone()
             offset += t.numel()
-        return ModuleState(weights=weights, momentum=st.momentum.clone(), round=st.round)
+        return ModuleState(weights=weights, momentum=st.momentum.clone(), round=st.round, reducers=st.reducers)
 
     def restore(self, mid: str, state: ModuleState) -> None:
         """Adopt a module state (from a checkpoint or a peer): anchor, momentum, round, local weights."""
@@ -90,6 +90,7 @@ class PathWorker:
         if anchor.numel() != self.outer[mid].anchor.numel() or state.momentum.numel() != anchor.numel():
             raise ValueError(f"module {mid}: state has {anchor.numel()} values, "
                              f"expected {self.outer[mid].anchor.numel()}")
-        self.outer[mid] = OuterState(anchor=anchor.clone(), momentum=state.momentum.float().clone(), round=state.round)
+        self.outer[mid] = OuterState(anchor=anchor.clone(), momentum=state.momentum.float().clone(), round=state.round,
+                                     reducers=tuple(state.reducers))
         self.set_flat(mid, anchor)
 

@@ -85,7 +85,7 @@ class Outsider:
         numel = count_module_params(self.spec)["shared"]
         # noisy: a frame of random values does not compress, so most of it is still unread when we are refused
         frame = encode(torch.randn(numel) if noisy else torch.full((numel,), 1e3))
-        return self.net.run(self.exchange(membership).contribute(member, "shared", 1, 10**9, "0" * 64, frame, 15), 30)
+        return self.net.run(self.exchange(membership).contribute([member], "shared", 1, 10**9, "0" * 64, frame, 15), 30)
 
     def close(self):
         self.net.stop()
@@ -176,7 +176,7 @@ def test_outsiders_cannot_write_join_or_download_and_members_train_on(private, t
                 assert outsider.fetch_state(a_peer, cert) is None
             transport_cert = issue(owner, spec.swarm_id, outsider.transport_peer_id, time.time() + 3600).token
             got = outsider.fetch_state(a_peer, transport_cert)  # the control: a member may download
-            assert got is not None and got[2].numel() == count_module_params(spec)["shared"]
+            assert got is not None and got.anchor.numel() == count_module_params(spec)["shared"]
         finally:
             outsider.close()
         log = (tmp_path / "run" / "a.log").read_text()

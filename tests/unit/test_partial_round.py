@@ -118,6 +118,7 @@ def test_sending_a_round_discards_the_saved_one_and_the_next_save_leaves_the_sen
         tmp_path, spec, synthetic_docs):
     """Between a send and the next save, the file on disk would hold the steps just sent: resumed after that round
     merged, they would be applied twice. So the send deletes it, and the next step saves it without them."""
+    from pathswarm.node.peer.claims import Groups
     from pathswarm.node.peer.node import Node, NodeConfig
     from pathswarm.node.peer.rounds import Rounds
 
@@ -125,13 +126,14 @@ def test_sending_a_round_discards_the_saved_one_and_the_next_save_leaves_the_sen
     node.worker = w = _worker(spec, synthetic_docs)
     # the network side of a send, stubbed: this checks the node's own bookkeeping
     net = SimpleNamespace(submit=lambda coro: concurrent.futures.Future())
-    node.rounds = Rounds(node.cfg, node.status, w, SimpleNamespace(contribute=lambda *args: None), net,
-                         lambda peer: None, lambda mid: None)
+    node.rounds = Rounds(node.cfg, node.status, w, SimpleNamespace(contribute=lambda *args: None, skipped=list), net,
+                         lambda mid: None)
     w.train_inner(3)
     node.partial.maybe_save(node._save_partial, node.work)
     assert (tmp_path / FILE).is_file()
     node.partial.on_send()
-    node.rounds.send({mid: "reducer" for mid in w.module_ids})
+    node.rounds.send(Groups({mid: ["reducer"] for mid in w.module_ids}, {mid: ("reducer",) for mid in w.module_ids},
+                            {}))
     assert not (tmp_path / FILE).exists()
     w.train_inner(1)
     node.partial.maybe_save(node._save_partial, node.work)  # due at the first step after a send

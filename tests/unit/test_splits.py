@@ -1,0 +1,58 @@
+"""Split detection (node/peer/splits.py) and the reducer candidates (protocol/reducers.py), by value."""
+
+import pytest
+
+from pathswarm.node.peer.splits import SplitWatch, lost_since, split_verdict
+from pathswarm.protocol.reducers import (
+    Stance,
+    candidates,
+    earlier,
+    genesis_candidates,
+    parse_candidates,
+    successors,
+)
+
+
+def test_no_split_when_every_holder_at_our_round_has_our_digest():
+    anns = [("b", 5, "d1"), ("c", 5, "d1"), ("d", 4, "d0")]  # d is a round behind: not compared
+    assert split_verdict("shared", 5, "d1", "a", anns) is None
+
+
+def test_the_version_more_holders_announce_wins_and_only_the_losers_heal():
+    anns = [("b", 5, "dB"), ("c", 5, "dB"), ("d", 5, "dA")]
+    heal = split_verdict("shared", 5, "dA", "a", anns)  # a and d hold dA (2), b and c hold dB (2): a tie
+    assert heal is None  # a tie: the smaller digest (dA, ours) wins
+    heal = split_verdict("shared", 5, "dZ", "a", anns)  # alone with dZ against two holders of dB
+    assert (heal.module, heal.round, heal.peer, heal.winner, heal.ours) == ("shared", 5, "b", "dB", "dZ")
+    assert split_verdict("shared", 5, "dB", "b", anns + [("a", 5, "dZ")]) is None  # the winner stays
+
+
+def test_a_tie_is_broken_the_same_way_on_both_sides():
+    left = split_verdict("m", 3, "d1", "a", [("b", 3, "d2")])
+    right = split_verdict("m", 3, "d2", "b", [("a", 3, "d1")])
+    assert left is None and right is not None and right.winner == "d1" and right.peer == "a"
+
+
+def test_each_split_round_is_healed_once_and_lost_tokens_are_those_from_the_split_on():
+    watch = SplitWatch()
+    heal = split_verdict("m", 3, "d2", "b", [("a", 3, "d1")])
+    watch.observe(heal)
+    watch.observe(heal)
+    assert watch.take() == [heal] and watch.take() == []
+    assert lost_since({1: 100, 2: 100, 3: 120, 4: 80}, 3) == 200
+
+
+def test_the_next_rounds_candidates_are_its_reducer_then_its_contributors():
+    assert successors("r", ["c", "a", "r", "b"]) == ("r", "a", "b", "c")
+    assert genesis_candidates(["z", "a", "m"], seasoned=["m"]) == ("m", "a", "z")
+    assert candidates(("r", "a"), ["a", "n", "r", "b"], skip=["r"]) == ["a", "b", "n", "r"]
+    assert earlier(("r", "a", "b"), "b") == ["r", "a"] and earlier(("r", "a"), "x") == ["r", "a"]
+    assert earlier(("r", "a"), "r") == []
+    assert {s.value for s in Stance} == {"open", "closed", "ahead", "not_here"}
+
+
+@pytest.mark.parametrize("bad", ["Qm", ["x" * 200], [1], ["a b"], ["Qm"] * 65])
+def test_candidate_lists_from_peers_are_bounded_peer_ids(bad):
+    with pytest.raises(ValueError):
+        parse_candidates(bad)
+    assert parse_candidates(["QmA", "QmB"]) == ("QmA", "QmB")
