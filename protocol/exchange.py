@@ -536,7 +536,9 @@ class ModuleExchange:
                 continue
             if last.status == "failed" and (last.reason.startswith(UNREACHABLE) or last.reason.startswith("refused")):
                 if reducer != self.peer_id:
-                    self.skip_until[reducer] = self.clock.now() + self.spec.averaging.claim_ttl_s
+                    now = self.clock.now()
+                    self.skip_until = {p: t for p, t in self.skip_until.items() if t > now}
+                    self.skip_until[reducer] = now + self.spec.averaging.claim_ttl_s
                 continue
             if last.applicable:
                 self.fresh.discard(module)
@@ -546,10 +548,10 @@ class ModuleExchange:
         return RoundResult(module, round_, "failed", reason=f"{UNREACHABLE}: no candidate reduced the round")
 
     def skipped(self) -> list[str]:
-        """Peers that failed one of our rounds at the connection level recently: members try them last."""
+        """Peers that failed one of our rounds at the connection level recently: members try them last. (Read by
+        the training thread; written on the network loop, which also prunes it.)"""
         now = self.clock.now()
-        self.skip_until = {p: t for p, t in self.skip_until.items() if t > now}
-        return sorted(self.skip_until)
+        return sorted(p for p, until in list(self.skip_until.items()) if until > now)
 
     async def _contribute_to(self, reducer: str, module: str, round_: int, tokens: int, digest: str, frame: bytes,
                              timeout_s: float) -> RoundResult:
