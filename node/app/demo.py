@@ -9,17 +9,23 @@ module's replicas are bit-identical. `--simulated` runs the same algorithm in on
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.live import Live
+from rich.table import Table
 
 from pathswarm.jsonfile import write_json_atomic
 from pathswarm.node.app.fmt import fmt_bytes, save_figure, subplots
+from pathswarm.node.app.local_swarm import LocalSwarm
 from pathswarm.node.app.progress import run_with_progress
+from pathswarm.node.app.replicas import check_replicas
 from pathswarm.node.app.swarm_init import format_init_report, init_spec
 from pathswarm.node.model.data import load_documents
+from pathswarm.node.model.model import count_module_params
 from pathswarm.node.train.simulate import SimConfig, SimResult
-from pathswarm.protocol.spec import InnerOptSpec, SwarmSpec
+from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, SwarmSpec
 
 
 def plot_losses(result: SimResult, path: Path) -> None:
@@ -56,11 +62,7 @@ def run_simulated_demo(rounds: int, inner_steps: int, out_dir: Path, json_path: 
     return result
 
 
-
-
 def _node_table(swarm, names: list[str]):
-    from rich.table import Table
-
     table = Table(title="pathswarm local swarm")
     for col in ("node", "path", "state", "round", "inner step", "loss", "tok/s", "group", "sent", "received"):
         table.add_column(col, justify="right")
@@ -77,9 +79,6 @@ def _node_table(swarm, names: list[str]):
 
 def summarize(spec: SwarmSpec, statuses: dict[str, dict]) -> dict:
     """The demo's JSON: losses per path, bytes vs fp32 data-parallel, replica agreement."""
-    from pathswarm.node.app.replicas import check_replicas
-    from pathswarm.node.model.model import count_module_params
-
     counts = count_module_params(spec)
     before: dict[str, list[float]] = {}
     after: dict[str, list[float]] = {}
@@ -125,14 +124,6 @@ def plot_node_curves(summary: dict, path: Path) -> None:
 
 def run_demo(nodes: int, rounds: int, inner_steps: int, out_dir: Path, json_path: Path | None = None,
              plot_path: Path | None = None, grace_s: float = 20.0) -> dict:
-    import time
-
-    from rich.live import Live
-    from rich.table import Table
-
-    from pathswarm.node.app.local_swarm import LocalSwarm
-    from pathswarm.protocol.spec import AveragingSpec
-
     console = Console(stderr=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     base = SwarmSpec(name="pathswarm-demo", inner=InnerOptSpec(steps=inner_steps),

@@ -1,0 +1,142 @@
+"""`pathswarm node id`, `pathswarm node run` and `pathswarm bootstrap`: the commands that run a peer of a swarm.
+
+They parse options, check what can be checked before anything slow starts, and hand over to the node
+(node/peer/node.py) or the bootstrap peer (bootstrap/peer.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from pathswarm.bootstrap.peer import run_bootstrap
+from pathswarm.node.app.cli_common import friendly
+from pathswarm.node.app.node_display import run_with_display
+from pathswarm.node.peer.joining import resolve_identity, resolve_swarm
+from pathswarm.protocol.identity import default_node_identity, ensure_identity, peer_id_of_identity
+
+# node/peer/node.py is imported inside `node run`, after the checks of its options, spec and membership, so that
+# `--help` and a mistyped option or path answer at once: it imports torch and hivemind, ~3.0 s (python -X
+# importtime, on top of what `--help` loads).
+
+
+@click.group()
+def node() -> None:
+    """Run a training node."""
+
+
+@node.command("id")
+@click.option("--identity", type=click.Path(dir_okay=False), default=None,
+              help="Identity file (default: ~/.local/share/pathswarm/identities/node.key, created if missing).")
+@friendly
+def node_id(identity: str | None) -> None:
+    """Print this node's peer id: what the owner of a private swarm needs to invite it."""
+    path = ensure_identity(Path(identity) if identity else default_node_identity())
+    click.echo(peer_id_of_identity(path))
+    click.echo(f"(identity {path})", err=True)
+
+
+@node.command("run")
+@click.option("--swarm", "spec_path", default=None,
+              help="The swarm's spec (TOML), or 'public' for the public swarm listed in bootstrap/public_swarm.toml.")
+@click.option("--join", "join_id", default=None,
+              help="Join the swarm with this id (what `pathswarm bootstrap` prints): its spec is fetched from "
+                   "the initial peers and checked against the id.")
+@click.option("--initial-peer", "initial_peers", multiple=True,
+              help="Multiaddr of a swarm peer to join through (repeat for several; none: start a new DHT).")
+@click.option("--membership", "membership_file", type=click.Path(dir_okay=False), default=None,
+              help="Membership certificate of a private swarm (from `pathswarm swarm invite`).")
+@click.option("--identity", type=click.Path(dir_okay=False), default=None,
+              help="Identity file, fixing the peer id (default with --membership: the one `pathswarm node id` "
+                   "shows; otherwise a fresh identity per run).")
+@click.option("--path", default="auto", show_default=True,
+              help="'auto' claims the least-served path; or a path like 0.1 (one module index per level).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="auto uses CUDA when present.")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="Train on this directory's .txt/.jsonl documents instead of the spec's corpus.")
+@click.option("--host-maddr", "host_maddrs", multiple=True, default=("/ip4/127.0.0.1/tcp/0",), show_default=True,
+              help="Where to listen, e.g. /ip4/0.0.0.0/tcp/31337 to accept peers from other machines.")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
+              help="Checkpoint root: resumed from at start, written after every round.")
+@click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
+              help="Write JSON (peer id, multiaddrs, path) here once the node is training.")
+@click.option("--status-file", type=click.Path(dir_okay=False), default=None,
+              help="Rewrite a JSON of the node's progress here after every round.")
+@click.option("--max-rounds", type=int, default=0, show_default=True, help="Stop after N outer rounds (0: never).")
+@click.option("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of this node's data stream.")
+@click.option("--wait-peers", type=int, default=0, show_default=True,
+              help="Before training, wait up to 2 minutes until this many nodes (us included) have claimed paths.")
+@click.option("--offline", is_flag=True,
+              help="Train the very same loop with networking switched off (a baseline for benchmarks).")
+@click.option("--sync-rounds", is_flag=True,
+              help="Benchmark baseline: every round waits for every node that ever held the module (a dead one "
+                   "until it returns or the round times out), training waits for the round, and a round in which "
+                   "a member dies fails for all, who redo its steps, as synchronous data-parallel training does.")
+@click.option("--max-tokens-per-s", type=float, default=0.0, show_default=True,
+              help="Cap this node's training speed (0: no cap), e.g. to keep a shared machine responsive.")
+@click.option("--save-partial-s", type=float, default=2.0, show_default=True,
+              help="With --checkpoint-dir, save the round in progress this often (at most; saving never takes "
+                   "over 2%% of training time), so a crash or a stop loses seconds of training, not the round. "
+                   "0: never.")
+@friendly
+def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], membership_file: str | None,
+             identity: str | None, path: str, device: str, data_dir: str | None,
+             host_maddrs: tuple[str, ...], checkpoint_dir: str | None, ready_file: str | None,
+             status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int,
+             offline: bool, sync_rounds: bool, max_tokens_per_s: float, save_partial_s: float) -> None:
+    """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly).
+
+    \b
+    pathswarm node run --swarm swarm.toml                      # start a new swarm from a spec
+    pathswarm node run --join ID --initial-peer ADDR           # join: the spec comes from the swarm
+    pathswarm node run --swarm public                          # join the public swarm
+    pathswarm node run --join ID --initial-peer ADDR --membership member.cert   # a private swarm
+    """
+    if max_rounds < 0:  # checked before the import below (torch, hivemind: seconds): a typo fails at once
+        raise click.BadParameter("must be >= 0", param_hint="--max-rounds")
+    for value, hint in ((max_tokens_per_s, "--max-tokens-per-s"), (save_partial_s, "--save-partial-s")):
+        if not value >= 0 or value == float("inf"):
+            raise click.BadParameter("must be a finite number >= 0", param_hint=hint)
+    spec, initial_peers = resolve_swarm(spec_path, join_id, tuple(initial_peers))
+    identity_path, membership = resolve_identity(identity, membership_file, spec)
+    from pathswarm.node.peer.node import Node, NodeConfig
+
+    cfg = NodeConfig(spec=spec, initial_peers=tuple(initial_peers), path=path,
+                     identity_path=identity_path, membership=membership, device=device, data_dir=data_dir or "",
+                     host_maddrs=tuple(host_maddrs),
+                     checkpoint_dir=checkpoint_dir or "", ready_file=ready_file or "",
+                     status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
+                     wait_peers=wait_peers, offline=offline, sync_rounds=sync_rounds,
+                     max_tokens_per_s=max_tokens_per_s, partial_every_s=save_partial_s)
+    n = Node(cfg, handle_signals=True)
+    if sys.stderr.isatty():
+        sys.exit(run_with_display(n))
+    sys.exit(n.run())
+
+
+@click.command()
+@click.option("--swarm", "spec_path", default=None, help="The swarm's spec (TOML).")
+@click.option("--join", "join_id", default=None,
+              help="Or the swarm id: a further bootstrap peer of a running swarm fetches the spec from it.")
+@click.option("--initial-peer", "initial_peers", multiple=True,
+              help="Another bootstrap peer of the same swarm to connect to (repeat; several may serve one swarm).")
+@click.option("--host-maddr", "host_maddrs", multiple=True, default=("/ip4/127.0.0.1/tcp/0",), show_default=True,
+              help="Where to listen, e.g. /ip4/0.0.0.0/tcp/31337 for peers on other machines.")
+@click.option("--announce-maddr", "announce_maddrs", multiple=True,
+              help="Address other machines reach this peer at, e.g. /ip4/203.0.113.7/tcp/31337 (port forwarding).")
+@click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
+              help="Write JSON (peer id, multiaddrs) here once the peer is up.")
+@click.option("--identity", type=click.Path(dir_okay=False), default=None,
+              help="RSA identity file, created with mode 0600 if missing (default: one per swarm in "
+                   "~/.local/share/pathswarm/identities/). Keeps the peer id, hence the address, across restarts.")
+@friendly
+def bootstrap(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], host_maddrs: tuple[str, ...],
+              announce_maddrs: tuple[str, ...], ready_file: str | None, identity: str | None) -> None:
+    """Run a DHT-only peer that nodes join the swarm through (trains nothing); it prints the join command."""
+    spec, initial_peers = resolve_swarm(spec_path, join_id, tuple(initial_peers))
+    sys.exit(run_bootstrap(spec, list(host_maddrs), ready_file or "", identity=identity,
+                           initial_peers=tuple(initial_peers), announce_maddrs=tuple(announce_maddrs)))
