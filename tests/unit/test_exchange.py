@@ -6,6 +6,7 @@ bytes to an asyncio StreamReader.
 """
 
 import asyncio
+import dataclasses
 import struct
 
 import pytest
@@ -317,3 +318,52 @@ def test_the_sync_deadline_closes_a_round_that_a_live_member_never_joins():
     waiting, closed, result = asyncio.run(go())
     assert waiting and closed
     assert result.status == "alone" and result.contributors == ["reducer"] and result.tokens == 10
+
+
+def test_a_candidates_stance_names_who_holds_a_round_and_opens_it_for_a_later_candidate():
+    """protocol/reducers.py rule 3: the earliest live candidate reduces. Asked by a later candidate, a holder at the
+    round opens it (OPEN); asked by the head of its list (a restarted one), it does not (NOT_HERE)."""
+    from pathswarm.protocol.reducers import Stance
+
+    async def go():
+        ex, mine = make_exchange(expected=2)
+        at = dataclasses.replace(mine, reducers=("head", "reducer", "later"))
+        ex.state_of = lambda m: at if m == "L0M0" else None
+        answers = {
+            "restarted head": ex.stance("L0M0", 0, at.digest, "head"),
+            "another version": ex.stance("L0M0", 0, "f" * 16, "later"),
+            "an older round": ex.stance("L0M0", 1, at.digest, "later"),
+            "unknown module": ex.stance("L9M9", 0, at.digest, "later"),
+        }
+        answers["later candidate"] = ex.stance("L0M0", 0, at.digest, "later")  # opens it
+        answers["asked again"] = ex.stance("L0M0", 0, at.digest, "head")
+        result = await ex.reduce("L0M0", 0, "later", 10, at.digest, frames(1)[0])
+        answers["after closing"] = ex.stance("L0M0", 0, at.digest, "later")
+        ex.state_of = lambda m: result_state
+        result_state = dataclasses.replace(at, round=1)
+        answers["past it"] = ex.stance("L0M0", 0, at.digest, "later")
+        return answers, result
+
+    answers, result = asyncio.run(go())
+    assert answers == {"restarted head": Stance.NOT_HERE, "another version": Stance.NOT_HERE,
+                       "an older round": Stance.NOT_HERE, "unknown module": Stance.NOT_HERE,
+                       "later candidate": Stance.OPEN, "asked again": Stance.OPEN, "after closing": Stance.CLOSED,
+                       "past it": Stance.CLOSED}
+    # the round closed by its grace window with the one contribution; the next round's candidates: us first
+    assert result.status == "alone" and result.reducers == ("reducer", "later")
+
+
+def test_a_contributor_asking_again_after_a_lost_reply_is_told_merged_not_late():
+    async def go():
+        ex, mine = make_exchange(expected=2)
+        fs = frames(2)
+        first = await asyncio.gather(ex.reduce("L0M0", 0, "a", 10, mine.digest, fs[0]),
+                                     ex.reduce("L0M0", 0, "b", 10, mine.digest, fs[1]))
+        again = await ex.reduce("L0M0", 0, "a", 10, mine.digest, fs[0])  # its reply was lost: it asks again
+        stranger = await ex.reduce("L0M0", 0, "c", 10, mine.digest, fs[0])
+        return first, again, stranger
+
+    first, again, stranger = asyncio.run(go())
+    assert [r.status for r in first] == ["merged", "merged"]
+    assert again.status == "merged" and again.mean_frame == first[0].mean_frame  # not 'late': its Δ is in the mean
+    assert stranger.status == "late" and stranger.reducers == first[0].reducers == ("reducer", "a", "b")
