@@ -41,6 +41,7 @@ from pathswarm.protocol.reducers import RIVAL, Stance, earlier, parse_candidates
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.wire import (
     MAX_HEADER_BYTES,
+    NotServingYetError,
     Traffic,
     WireError,
     discard_rest,
@@ -63,6 +64,7 @@ REFUSAL_DRAIN_S = 3.0  # how long a refused request's remaining bytes are read a
 MAX_ROUND = 1 << 62  # rounds are int64 everywhere (records.MAX_COUNT); state_digest packs them in 8 bytes
 STANCE_TIMEOUT_S = 2.0  # how long a candidate waits for an earlier one's stance before counting it out
 LOST_REPLY_RETRY_S = 0.3  # pause before asking a reducer again after its connection broke
+NOT_SERVING_RETRY_S = 0.5  # pause before asking again a peer that is up but does not serve rounds yet
 
 
 def rank_lost(world: dict[str, int], live: dict[str, int]) -> str:
@@ -186,6 +188,8 @@ class ModuleExchange:
         self.fresh: set[str] = set(numels)
         # peer → clock time until which members try it last: it failed one of our rounds at the connection level
         self.skip_until: dict[str, float] = {}
+        # module → who may reduce its round 0, from the claims (the node sets it): no result has named anyone yet
+        self.genesis: dict[str, tuple[str, ...]] = {}
         self.drop_reply: set[tuple[str, int]] = set()  # fault injection (tests): close these rounds' replies unsent
         self._checks: dict[tuple[str, int], asyncio.Future] = {}
         self._open: dict[tuple[str, int], _OpenRound] = {}
@@ -368,9 +372,9 @@ class ModuleExchange:
     def _must_ask(self, module: str, mine: LocalState) -> list[str]:
         """The candidates to ask before we reduce this round: those before us in the agreed list, or, at its
         head in a process that has not seen the list work yet, all the others."""
-        agreed = mine.reducers
+        agreed = mine.reducers or self.genesis.get(module, ())  # before any result: the holders in the claims
         if self.streams is None or not agreed:
-            return []  # offline, or round 0 (no result has named anyone: genesis_candidates, no check possible)
+            return []  # offline
         if agreed[0] == self.peer_id:
             return [p for p in agreed[1:]] if module in self.fresh else []
         return earlier(agreed, self.peer_id)
@@ -425,7 +429,7 @@ class ModuleExchange:
             return Stance.NOT_HERE
         if mine.round > round_:
             return Stance.AHEAD
-        agreed = mine.reducers
+        agreed = mine.reducers or self.genesis.get(module, ())
         if asker in agreed and self.peer_id in agreed and agreed.index(asker) < agreed.index(self.peer_id):
             return Stance.NOT_HERE  # a restarted head asking whether anyone took its round: we have not
         self._open_round(module, round_, mine)
@@ -556,8 +560,10 @@ class ModuleExchange:
     async def _contribute_to(self, reducer: str, module: str, round_: int, tokens: int, digest: str, frame: bytes,
                              timeout_s: float) -> RoundResult:
         """One reducer; a connection that breaks is tried once more: if the reducer merged our frame and only its
-        reply was lost, it answers from the closed round ("merged"), so we do not go elsewhere with it."""
-        for attempt in range(2):
+        reply was lost, it answers from the closed round ("merged"), so we do not go elsewhere with it. A peer that
+        is up but does not serve rounds yet (it claimed its path moments ago) is waited for, within timeout_s."""
+        deadline, attempt = self.clock.now() + timeout_s, 0
+        while True:
             try:
                 if reducer == self.peer_id:
                     return await asyncio.wait_for(self.reduce(module, round_, reducer, tokens, digest, frame),
@@ -566,12 +572,18 @@ class ModuleExchange:
                                               timeout_s)
             except TimeoutError:
                 return RoundResult(module, round_, "failed", reason=f"{UNREACHABLE}: no answer in {timeout_s:.0f} s")
+            except NotServingYetError as e:
+                if self.clock.now() + NOT_SERVING_RETRY_S >= deadline:
+                    return RoundResult(module, round_, "failed", reason=f"{UNREACHABLE}: {e}")
+                await self.clock.sleep(NOT_SERVING_RETRY_S)
             except Exception as e:  # broken stream, p2pd control errors (several types): never fatal
                 reason = f"{UNREACHABLE}: {type(e).__name__}: {e}"
-                if attempt == 0:
-                    logger.info("%s round %d: %s; asking %s again", module, round_, reason, reducer[-8:])
-                    await self.clock.sleep(LOST_REPLY_RETRY_S)
-        return RoundResult(module, round_, "failed", reason=reason)
+                attempt += 1
+                if attempt == 2 or self.clock.now() + LOST_REPLY_RETRY_S >= deadline:
+                    return RoundResult(module, round_, "failed", reason=reason)
+                logger.info("%s round %d: %s; asking %s again", module, round_, reason, reducer[-8:])
+                await self.clock.sleep(LOST_REPLY_RETRY_S)
+            timeout_s = max(0.1, deadline - self.clock.now())
 
     async def _remote_contribute(self, reducer: str, module: str, round_: int, tokens: int, digest: str,
                                  frame: bytes) -> RoundResult:

@@ -42,6 +42,7 @@ from multiaddr import Multiaddr
 
 from pathswarm.protocol._hivemind_records import SwarmRecordValidator
 from pathswarm.protocol.spec import SwarmSpec
+from pathswarm.protocol.wire import NotServingYetError
 
 LOOPBACK_MADDRS = ("/ip4/127.0.0.1/tcp/0",)
 """Where a peer listens unless told otherwise: loopback, a free port."""
@@ -124,8 +125,14 @@ class PeerStreams:
         await self._p2p.add_binary_stream_handler(name, on_stream)
 
     async def open(self, peer_id: str, name: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """Open a stream to `peer_id`'s handler `name`; raises (assorted types) if it cannot be reached."""
-        _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), name)
+        """Open a stream to `peer_id`'s handler `name`; NotServingYetError if the peer is up without that handler,
+        other (assorted) types if it cannot be reached."""
+        try:
+            _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), name)
+        except Exception as e:
+            if "protocols not supported" in str(e):  # p2pd's words when the protocol negotiation finds no handler
+                raise NotServingYetError(f"{peer_id[-8:]} does not serve {name} (yet)") from None
+            raise
         return reader, writer
 
 

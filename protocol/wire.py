@@ -20,6 +20,11 @@ _PREFIX = struct.Struct("<4sIQ")
 MAX_HEADER_BYTES = 16 * 1024
 
 
+
+class NotServingYetError(ConnectionError):
+    """The peer is up but serves no handler of that name yet (a node between its claim and its exchange's start);
+    raised by protocol/net.py's PeerStreams.open."""
+
 class WireError(ValueError):
     """A peer sent a malformed, oversized or truncated message."""
 

@@ -180,6 +180,7 @@ class Node:
     def _use_groups(self, groups: Groups) -> None:
         """Install freshly derived groups: holders for our sends, group sizes for the rounds we reduce."""
         self.groups = groups
+        self.exchange.genesis = groups.genesis  # one assignment: the network thread reads it
         for mid, peers in groups.holders.items():
             if self.cfg.sync_rounds:
                 # A data-parallel job's world only grows: a dead worker still counts, and the round waits
