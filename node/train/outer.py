@@ -66,5 +66,7 @@ def state_digest(anchor: torch.Tensor, momentum: torch.Tensor, round_: int) -> s
     h = hashlib.sha256()
     h.update(round_.to_bytes(8, "little"))
     for t in (anchor, momentum):
-        h.update(t.detach().contiguous().float().numpy().tobytes())
+        # The array's buffer itself: .tobytes() copied it first, which doubled the cost (about 0.1 s for a 12.6M-value
+        # module's anchor and momentum, several times a round). Same bytes, same digest.
+        h.update(t.detach().contiguous().float().numpy())
     return h.hexdigest()[:16]

@@ -67,3 +67,14 @@ def test_digest_changes_with_state_and_round():
     assert a.digest() != b.digest()
     c = OuterState.fresh(torch.tensor([1.0, 1.0, 1.0, 1.0 + 1e-7]))
     assert a.digest() != c.digest()
+
+
+def test_digest_is_pinned():
+    # Peers compare digests: the bytes hashed (round as 8 little-endian bytes, then anchor and momentum as fp32)
+    # must not change with how they are fed to sha256. Value computed with `.numpy().tobytes()`.
+    anchor = torch.arange(10, dtype=torch.float32) / 7
+    state = OuterState(anchor=anchor, momentum=-torch.arange(10, dtype=torch.float32) / 3, round=5)
+    assert state.digest() == "baa4c6459e26b0f0"
+    strided = (torch.arange(20, dtype=torch.float32) / 14)[::2]
+    assert not strided.is_contiguous()
+    assert OuterState(anchor=strided, momentum=state.momentum, round=5).digest() == "baa4c6459e26b0f0"

@@ -76,6 +76,27 @@ def test_steps_already_sent_are_not_saved(tmp_path, spec, synthetic_docs):
         assert not torch.allclose(b.flat(mid), a.flat(mid))
 
 
+def test_sent_weights_that_are_views_of_one_buffer_are_saved(tmp_path, spec, synthetic_docs):
+    """The saved tensors are not copied unless they must be (views into one buffer are): the round comes back the
+    same."""
+    a = _worker(spec, synthetic_docs)
+    a.train_inner(2)
+    flats = [a.flat(mid) for mid in a.module_ids]
+    buffer = torch.cat(flats)
+    sent, offset = {}, 0
+    for mid, f in zip(a.module_ids, flats, strict=True):
+        sent[mid] = buffer[offset:offset + f.numel()]
+        offset += f.numel()
+    a.end_round()
+    a.train_inner(1)
+    save_partial(tmp_path, spec, a, sent, carry={})
+    b = _worker(spec, synthetic_docs)
+    _same_anchors(a, b)
+    load_partial(tmp_path, spec, b)
+    for mid in a.module_ids:
+        assert torch.equal(b.flat(mid), a.outer[mid].anchor + (a.flat(mid) - sent[mid]))
+
+
 def test_a_partial_that_does_not_fit_is_refused_and_changes_nothing(tmp_path, spec, synthetic_docs):
     a = _worker(spec, synthetic_docs)
     a.train_inner(2)
