@@ -16,17 +16,18 @@ figures (round_work_s by kind, wait_max_s, bytes), timers inside the node (bench
 injected as sitecustomize: inner steps, encode, decode, outer apply, the reducer's close, digests, checkpoint and
 partial-round saves, wall and CPU seconds, training thread vs background threads), and the CPU seconds of each
 process over the training window (training thread, the node's other threads, its hivemind DHT process, its
-p2pd, the bootstrap peer) read from /proc. `arms.SIZE.where` sets the two arms side by side.
+p2pd, the bootstrap peer) read from /proc. `arms.SIZE.where` sets the first pair's two arms side by side.
 
 The arms run minutes apart, so the ratio is only as good as the machine is quiet: `others_cpu_share` (per arm)
 is the share of all cores that other programs took meanwhile. Above a few percent, or when it differs between
 the arms, the ratio says more about them than about pathswarm: rerun on a quiet machine. Even on an idle one
-the machine's speed drifts by a few percent between arms: the small arm runs 3 pairs by default (alternating
-their order; `ratios` lists each pair's), and `ratio_same_step_speed` divides the drift out (see run_size).
+the machine's speed drifts by a few percent between arms: each size runs several pairs by default (REPEATS,
+alternating their order; `ratios` lists each pair's), and `ratio_same_step_speed` divides the drift out (see
+run_size).
 
-    python benchmarks/overhead.py                       # both sizes → benchmarks/results/overhead.json (~20 min)
+    python benchmarks/overhead.py                       # both sizes → benchmarks/results/overhead.json (~35 min)
     python benchmarks/overhead.py --sizes small         # the small arm only (~5 min)
-    python benchmarks/overhead.py --sizes 25m --repeats 2 --json /tmp/overhead-25m.json
+    python benchmarks/overhead.py --sizes 25m --repeats 1 --json /tmp/overhead-25m.json   # one pair (~13 min)
 Goal (DESIGN.md): ≥ 0.97 at every size.
 """
 
@@ -54,9 +55,10 @@ SIZES = {
     "small": {"levels": None, "width": None, "layers_per_module": None},
     "25m": {"levels": (1, 1), "width": 512, "layers_per_module": 4},
 }
-REPEATS = {"small": 3, "25m": 1}
-"""Pairs of arms run by default: the small arm's 40 s arms swing ±5 % with the machine's speed, the 25m arm's
-6 min ones by under 1 % (measured here, the machine otherwise idle)."""
+REPEATS = {"small": 3, "25m": 2}
+"""Pairs of arms run by default, alternating their order: with nothing else running, the machine's own speed moved
+the arms' inner steps by up to ±5 % from one arm to the next, the small arm's 40 s ones and the 25m arm's 6 min ones
+alike (25m, two idle runs: ratio 0.988 and 0.947, at the same inner-step speed 0.986 and 0.998)."""
 PROBE = Path(__file__).with_name("_overhead_probe.py")
 TICK = os.sysconf("SC_CLK_TCK")
 ROLES = ("train_thread", "node_other_threads", "dht_process", "p2pd")
@@ -366,7 +368,7 @@ def run_size(size: str, tmp: Path, inner_steps: int, rounds: int, probe: bool, r
            "ratio": ratio, "goal": GOAL, "meets_goal": ratio >= GOAL}
     if probe:
         # The ratio had both arms' inner steps cost the same CPU time: the machine's own speed drifts between arms run
-        # minutes apart (here ±5 % on the small arm's 40 s arms, with nothing else running), which this removes. It
+        # minutes apart (here up to ±5 %, with nothing else running), which this removes. It
         # would remove a slowdown of the steps caused by the swarm's processes (shared caches) too: compare
         # inner_steps_cpu_s across arms and repeats (over 8 quiet pairs of the small arm, swarm ÷ offline averaged
         # 0.999, spread 0.93–1.07).
