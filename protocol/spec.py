@@ -150,10 +150,16 @@ class OuterOptSpec:
     """Outer momentum."""
     nesterov: bool = True
     """Nesterov (True) or heavy-ball (False) momentum."""
+    warmup_rounds: int = 6
+    """A module's first rounds merge by plain averaging (anchor ← anchor − mean: lr 1, no momentum, the buffer
+    stays at zero); the Nesterov step starts after them. The first outer gradients are the largest by far, and a
+    cold momentum buffer would re-apply them for ~1/(1−momentum) rounds. Measured at H=50, 4 workers
+    (benchmarks/diloco_vs_sync.py): final val loss 1.958 with 0, 1.921 with 3, 1.915 with 6, 1.931 with 10."""
 
     def validate(self) -> None:
         _check(self.lr > 0, "outer.lr", "must be positive")
         _check(0 <= self.momentum < 1, "outer.momentum", "must be in [0, 1)")
+        _check(self.warmup_rounds >= 0, "outer.warmup_rounds", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -247,6 +253,29 @@ class DataSpec:
 
 
 @dataclass(frozen=True)
+class InitSpec:
+    """Round 0 of every module: the seed init, or weights the swarm's creator trained first (warm start)."""
+
+    warm_start_steps: int = 0
+    """Inner steps the creator trained the whole model for before publishing it (`swarm init --warm-start-steps`);
+    0: round 0 is the seed init every peer computes by itself."""
+    digests: tuple[str, ...] = ()
+    """With a warm start: the sha256 of every module's round-0 weights (flat fp32), in `all_module_ids()` order.
+    A node that starts from round 0 accepts only weights with these digests, from a file or from a peer."""
+
+    def validate(self, n_modules: int) -> None:
+        _check(self.warm_start_steps >= 0, "init.warm_start_steps", "must be >= 0")
+        if self.warm_start_steps == 0:
+            _check(not self.digests, "init.digests", "only with init.warm_start_steps > 0")
+            return
+        _check(len(self.digests) == n_modules, "init.digests",
+               f"must list one digest per module ({n_modules}), got {len(self.digests)}")
+        for i, d in enumerate(self.digests):
+            _check(len(d) == 64 and all(c in "0123456789abcdef" for c in d), f"init.digests[{i}]",
+                   "must be 64 lowercase hex digits (sha256)")
+
+
+@dataclass(frozen=True)
 class SwarmSpec:
     """Everything the peers of one swarm agree on."""
 
@@ -270,6 +299,8 @@ class SwarmSpec:
     """Documents."""
     membership: MembershipSpec = field(default_factory=MembershipSpec)
     """Open or private swarm."""
+    init: InitSpec = field(default_factory=InitSpec)
+    """Round 0: seed init or the creator's warm start."""
 
     def __post_init__(self) -> None:
         _check(len(self.levels) > 0, "levels", "must list at least one level")
@@ -283,6 +314,7 @@ class SwarmSpec:
         self.averaging.validate()
         self.data.validate()
         self.membership.validate()
+        self.init.validate(len(self.all_module_ids()))
 
     def require_router(self) -> SwarmSpec:
         _check(self.router.fitted, "router.centroids",

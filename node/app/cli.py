@@ -95,6 +95,15 @@ def _parse_levels(text: str) -> tuple[int, ...]:
 @click.option("--name", default="pathswarm", show_default=True, help="Swarm name (part of its id).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the router fit and the initial weights.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+@click.option("--warm-start-steps", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Train the whole model this many steps on this machine before publishing it: round 0 becomes "
+                   "those weights (their digests go in the spec, so in the swarm id) instead of the seed init. "
+                   "Start your node with --init DIR to serve them.")
+@click.option("--warm-start-batch", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Sequences per warm-start step (0: the spec's inner batch size).")
+@click.option("--init-dir", type=click.Path(file_okay=False), default=None,
+              help="With --warm-start-steps: where to write the round-0 weights (default: the spec's path with "
+                   "the suffix .init, e.g. swarm.init/).")
 @click.option("--private", is_flag=True,
               help="Only peers holding a membership certificate from you may join: creates your owner key "
                    "(mode 0600, in ~/.local/share/pathswarm/owners/) and puts its public half in the spec.")
@@ -103,11 +112,20 @@ def _parse_levels(text: str) -> tuple[int, ...]:
 @friendly
 def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, width: int, base_width: int, heads: int,
                layers_per_module: int, context_len: int, inner_steps: int, inner_lr: float, name: str, seed: int,
-               force: bool, private: bool, owner_key: str | None) -> None:
-    """Define a new swarm: build a spec, fit the document router, print paths and routing."""
+               force: bool, warm_start_steps: int, warm_start_batch: int, init_dir: str | None, private: bool,
+               owner_key: str | None) -> None:
+    """Define a new swarm: build a spec, fit the document router, print paths and routing.
+
+    With --warm-start-steps, also train the initial weights here first (DiLoCo's warm start): every node that
+    starts from round 0 then checks what it loads or downloads against their digests in the spec."""
     out = Path(output)
     if out.exists() and not force:
         raise click.UsageError(f"{out} exists; pass --force to overwrite it")
+    if init_dir and not warm_start_steps:
+        raise click.UsageError("--init-dir goes with --warm-start-steps")
+    init_out = Path(init_dir) if init_dir else out.with_suffix(".init")
+    if warm_start_steps and init_out.exists() and any(init_out.iterdir()) and not force:
+        raise click.UsageError(f"{init_out} exists and is not empty; pass --force to overwrite it")
     data = DataSpec(corpus="dir", path=str(Path(data_dir).resolve())) if data_dir else DataSpec(corpus=corpus)
     base = SwarmSpec(
         name=name, levels=_parse_levels(levels),
@@ -127,13 +145,40 @@ def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, widt
         spec = spec.replace(membership=MembershipSpec(owner_key=public_key_text(key)))
         key_path = Path(owner_key) if owner_key else default_owner_key(spec.membership.owner_key)
         save_owner_key(key, key_path)
+    if warm_start_steps:
+        spec = _warm_start(spec, docs, warm_start_steps, warm_start_batch, seed, init_out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(spec.to_toml(), encoding="utf-8")
     click.echo(format_init_report(spec, docs))
     click.echo(f"wrote {out} (swarm id {spec.swarm_id})")
+    if warm_start_steps:
+        click.echo(f"round 0: {warm_start_steps} warm-start steps, weights in {init_out}: start your node with "
+                   f"--init {init_out}; the others download them from peers and check their digests")
     if key_path:
         click.echo(f"private swarm: owner key {key_path} (mode 0600; back it up, never share it). Admit a node "
                    f"with: pathswarm swarm invite --swarm {out} --peer-id ID -o member.cert")
+
+
+def _warm_start(spec: SwarmSpec, docs, steps: int, batch: int, seed: int, init_out: Path, force: bool) -> SwarmSpec:
+    """Train round 0 (node/train/warm_start.py) with a progress line; write it as a checkpoint; the spec naming it."""
+    import shutil
+    import time
+
+    from pathswarm.node.train.checkpoint import save_checkpoint
+    from pathswarm.node.train.warm_start import module_states, warm_started
+
+    t0, every = time.monotonic(), max(1, steps // 20)
+
+    def progress(step: int, loss: float) -> None:
+        if (step + 1) % every == 0 or step + 1 == steps:
+            click.echo(f"\rwarm start: step {step + 1}/{steps}, loss {loss:.3f}, {time.monotonic() - t0:.0f} s",
+                       nl=step + 1 == steps, err=True)
+
+    spec, weights = warm_started(spec, docs, steps, batch, seed, on_step=progress)
+    if force and init_out.exists():
+        shutil.rmtree(init_out)
+    save_checkpoint(init_out, spec, 0, module_states(spec, weights))
+    return spec
 
 
 @swarm.command("id")

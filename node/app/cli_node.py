@@ -61,6 +61,9 @@ def node_id(identity: str | None) -> None:
               help="Where to listen, e.g. /ip4/0.0.0.0/tcp/31337 to accept peers from other machines.")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
               help="Checkpoint root: resumed from at start, written after every round.")
+@click.option("--init", "init_dir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="A warm-started swarm's round-0 weights (written by `swarm init --warm-start-steps`), checked "
+                   "against the spec. Without it such a swarm's round 0 is downloaded from a peer and checked.")
 @click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
               help="Write JSON (peer id, multiaddrs, path) here once the node is training.")
 @click.option("--status-file", type=click.Path(dir_okay=False), default=None,
@@ -85,7 +88,7 @@ def node_id(identity: str | None) -> None:
 @friendly
 def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], membership_file: str | None,
              identity: str | None, path: str, device: str, data_dir: str | None,
-             host_maddrs: tuple[str, ...], checkpoint_dir: str | None, ready_file: str | None,
+             host_maddrs: tuple[str, ...], checkpoint_dir: str | None, init_dir: str | None, ready_file: str | None,
              status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int,
              offline: bool, sync_rounds: bool, max_tokens_per_s: float, save_partial_s: float) -> None:
     """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly).
@@ -108,7 +111,7 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
     cfg = NodeConfig(spec=spec, initial_peers=tuple(initial_peers), path=path,
                      identity_path=identity_path, membership=membership, device=device, data_dir=data_dir or "",
                      host_maddrs=tuple(host_maddrs),
-                     checkpoint_dir=checkpoint_dir or "", ready_file=ready_file or "",
+                     checkpoint_dir=checkpoint_dir or "", init_dir=init_dir or "", ready_file=ready_file or "",
                      status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
                      wait_peers=wait_peers, offline=offline, sync_rounds=sync_rounds,
                      max_tokens_per_s=max_tokens_per_s, partial_every_s=save_partial_s)

@@ -10,7 +10,7 @@ loads exactly the modules of its path. Every module is initialised from its own 
 muP (Tensor Programs V, Table 3, Adam variant), relative to `base_width`, with m = width/base_width:
 - hidden matrices (attention and MLP): init std = init_std / sqrt(m), Adam lr = lr / m;
 - embeddings, norms and biases (vector-like): init and lr independent of width;
-- readout: output multiplied by 1/m (so its Adam lr stays constant);
+- readout: output multiplied by 1/m (so its Adam lr stays constant), init N(0, init_std) like SP;
 - attention logits scaled by 1/d_head (times sqrt of the base head size, so base width is unchanged).
 Standard parametrisation ('sp') uses init_std and lr everywhere and 1/sqrt(d_head): it is kept for
 the coordinate check and the muP-transfer benchmark.
@@ -209,11 +209,12 @@ def new_module(spec: SwarmSpec, mid: str) -> nn.Module:
                 if name.endswith("proj.weight"):
                     # GPT-2's residual scaling: keeps the residual stream's scale independent of depth.
                     p.mul_(1.0 / math.sqrt(2 * cfg.layers_per_module * len(spec.levels)))
-            elif name == "readout.weight" and cfg.parametrization == "mup":
-                # muP recommends a zero readout: logits start at 0 (loss = ln vocab) at every width,
-                # so their scale after training comes from updates alone, which muP keeps width-free.
-                p.zero_()
-            else:  # embeddings (and the SP readout): width-independent init
+            else:
+                # Embeddings and the readout: width-independent N(0, init_std). muP allows a zero readout
+                # (TP-V, Table 3) but under DiLoCo it cost 19 % of final loss (benchmarks/diloco_vs_sync.py,
+                # issue 16): with every logit at 0 the first rounds' outer gradients are dominated by the readout
+                # and the cold outer Nesterov momentum re-applies them for many rounds. A random readout, times
+                # the 1/m output multiplier, is still muP: logits are O(1/sqrt(m)) at init and vanish with width.
                 p.normal_(0.0, cfg.init_std, generator=gen)
     return module
 
@@ -241,13 +242,18 @@ def path_param_count(spec: SwarmSpec) -> int:
 
 
 def param_groups(model: PathModel, lr: float, weight_decay: float) -> list[dict]:
-    """AdamW parameter groups with muP learning rates: hidden matrices get lr / width_mult.
+    """AdamW parameter groups of a path with muP learning rates (see `module_param_groups`)."""
+    return module_param_groups(model.spec, model.named_modules_of_path(), lr, weight_decay)
+
+
+def module_param_groups(spec: SwarmSpec, modules: dict[str, nn.Module], lr: float, weight_decay: float) -> list[dict]:
+    """AdamW parameter groups over modules by id, with muP learning rates: hidden matrices get lr / width_mult.
 
     Weight decay applies to matrices only (not norms, biases or embeddings)."""
-    cfg = model.spec.model
+    cfg = spec.model
     hidden_lr = lr / cfg.width_mult if cfg.parametrization == "mup" else lr
     groups: dict[tuple[float, float], list[torch.nn.Parameter]] = {}
-    for mid, module in model.named_modules_of_path().items():
+    for mid, module in modules.items():
         for name, p in module.named_parameters():
             hidden = is_hidden_matrix(mid, name, p)
             key = (hidden_lr if hidden else lr, weight_decay if (p.ndim == 2 and "emb" not in name) else 0.0)

@@ -24,6 +24,9 @@ class NodeConfig:
     """Where p2pd listens."""
     checkpoint_dir: str = ""
     """Checkpoint root ('' for none)."""
+    init_dir: str = ""
+    """Round-0 weights of a warm-started swarm (`swarm init --warm-start-steps` writes them): checked against the
+    spec's digests and served to peers. '' : download round 0 from a peer (and check it) when the spec needs it."""
     ready_file: str = ""
     """Write a JSON with peer id, addresses and path here once the node trains."""
     status_file: str = ""

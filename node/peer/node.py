@@ -25,6 +25,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 
 import torch
 
@@ -41,6 +42,7 @@ from pathswarm.node.peer.state_sync import StateSync
 from pathswarm.node.peer.status import PhaseClock, RoundWork, write_ready, write_status
 from pathswarm.node.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from pathswarm.node.train.inner import evaluate_loss
+from pathswarm.node.train.warm_start import check_init
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import read_module_holders
 from pathswarm.protocol.exchange import ModuleExchange
@@ -66,6 +68,7 @@ class Node:
         self.sdht = self.claims = self.chores = self.heartbeat = self.announcer = None
         self.worker = self.exchange = self.rounds = self.sync = self.net = None
         self.groups: Groups | None = None
+        self._durable: dict[str, int] = {}  # module → round of it in our last checkpoint (see _write_status)
         self._checkpoint = None  # None: not read yet; False: none usable (see _load_checkpoint)
         self._chunk_tokens = 0  # tokens of the chunk being trained, not yet added to status.tokens_trained
 
@@ -107,6 +110,8 @@ class Node:
                 self.claims.wait_for_peers(cfg.wait_peers, cfg.wait_peers_timeout_s)
             clock.lap("model+claim")
             self._initial_sync()
+            if self.spec.init.digests and not cfg.offline:
+                self.announcer.announce()  # a warm start's round 0 is downloadable from us before our first round
             clock.lap("sync")
             val_docs = documents_of_path(spec, val, path, allow_empty=True) or val
             self.val_batches = list(TokenSampler(val_docs, spec.model.context_len, seed=0)
@@ -252,13 +257,28 @@ class Node:
             carry = self.partial.resume(self.worker)
             if carry is not None:
                 self.rounds.carry = carry
-        self.sync.initial(ckpt, resumed=carry is not None)
+        warm = ckpt is None and bool(self.spec.init.digests)
+        if warm and self.cfg.init_dir:
+            self._load_init()
+        self.sync.initial(ckpt, resumed=carry is not None, need_init=warm and not self.cfg.init_dir,
+                          source=f"warm start {self.cfg.init_dir}" if warm and self.cfg.init_dir else "seed")
+
+    def _load_init(self) -> None:
+        """Round 0 of a warm-started swarm from --init, every module checked against the spec's digests."""
+        init = load_checkpoint(self.cfg.init_dir, self.spec, module_ids=self.worker.module_ids)
+        if init.round != 0:
+            raise CheckpointError(f"{self.cfg.init_dir}: holds round {init.round}; --init takes round 0")
+        for mid in self.worker.module_ids:
+            state = init.modules[mid]
+            check_init(self.spec, mid, state.flat_weights(), state.momentum)
+            self.worker.restore(mid, state)
 
     def _save(self) -> None:
         if self.cfg.checkpoint_dir and self.worker is not None:
             round_ = max(st.round for st in self.worker.outer.values())
-            save_checkpoint(self.cfg.checkpoint_dir, self.spec, round_,
-                            {mid: self.worker.module_state(mid) for mid in self.worker.module_ids})
+            states = {mid: self.worker.module_state(mid) for mid in self.worker.module_ids}
+            save_checkpoint(self.cfg.checkpoint_dir, self.spec, round_, states)
+            self._durable = {mid: st.round for mid, st in states.items()}
 
     def _save_partial(self) -> None:
         if self.worker is None or self.rounds.abandoned:
@@ -427,7 +447,18 @@ class Node:
             self.status.tokens_unmerged = self.rounds.unmerged_tokens()
         if self.exchange is not None:
             self.status.tokens_reduced = self.exchange.tokens_reduced.get("shared", 0)
-        write_status(self.cfg.status_file, self.status)
+        status = self.status
+        if self.cfg.checkpoint_dir:
+            # A round is on record once it is in our checkpoint: the status file is written every few steps, and a
+            # kill between a settle and the round's checkpoint would otherwise leave on record a version of a round
+            # that the restarted node, resuming from its checkpoint, trains again (a sole holder's module then
+            # shows two versions of that round; benchmarks/restarts.py found one in 20 cycles).
+            durable = self._durable
+            status = replace(status, history={m: {r: d for r, d in h.items() if int(r) <= durable.get(m, 0)}
+                                              for m, h in status.history.items()},
+                             groups={m: {r: g for r, g in h.items() if int(r) <= durable.get(m, 0)}
+                                     for m, h in status.groups.items()})
+        write_status(self.cfg.status_file, status)
 
     def _leave(self) -> None:
         self.stop_event.set()

@@ -5,12 +5,14 @@ re-sync when our replica is not the group's, and what we serve to others (`local
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
 from pathswarm.node.peer.config import NodeStatus
 from pathswarm.node.train.checkpoint import Checkpoint, ModuleState
 from pathswarm.node.train.outer import state_digest
+from pathswarm.node.train.warm_start import InitMismatchError, check_init
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import read_module_holders
 from pathswarm.protocol.exchange import LocalState, ModuleExchange
@@ -36,19 +38,34 @@ class StateSync:
         self.status.module_rounds[mid] = st.round
         self.status.reducers[mid] = list(st.reducers)
 
-    def initial(self, ckpt: Checkpoint | None, resumed: bool) -> None:
-        """Newest state of every module: from a peer, else our checkpoint (already restored), else the seed init.
-        A round we resumed stays on top of a newer anchor, as after a re-sync."""
+    def initial(self, ckpt: Checkpoint | None, resumed: bool, need_init: bool = False,
+                source: str = "seed") -> None:
+        """Newest state of every module: from a peer, else our checkpoint (already restored), else `source` (the seed
+        init, or the warm start's round 0 loaded from --init). A round we resumed stays on top of a newer anchor, as
+        after a re-sync. `need_init`: the spec names a warm start we do not hold: a peer must give us some round of
+        every module (its round 0 checked against the spec's digests), within the averaging timeout."""
+        deadline = time.monotonic() + self.spec.averaging.timeout_s
         for mid in self.worker.module_ids:
-            source = "seed" if ckpt is None else f"checkpoint round {ckpt.modules[mid].round}"
-            for ann in ([] if self.sdht is None else read_module_holders(self.sdht, self.spec, mid)):
-                if ann.peer_id == self.sdht.peer_id or ann.round <= self.worker.outer[mid].round:
+            got = ""
+            while True:
+                for ann in ([] if self.sdht is None else read_module_holders(self.sdht, self.spec, mid)):
+                    if ann.peer_id == self.sdht.peer_id or ann.round < self.worker.outer[mid].round or (
+                            ann.round == self.worker.outer[mid].round and not need_init):
+                        break
+                    if self.download(mid, ann.peer_id, keep_progress=resumed):
+                        got = f"peer {ann.peer_id[-8:]} round {self.worker.outer[mid].round}"
+                        break
+                if got or not need_init:
                     break
-                if self.download(mid, ann.peer_id, keep_progress=resumed):
-                    source = f"peer {ann.peer_id[-8:]} round {self.worker.outer[mid].round}"
-                    break
+                if self.sdht is None or time.monotonic() > deadline:
+                    raise InitMismatchError(
+                        f"this swarm starts from a warm start (spec [init], {self.spec.init.warm_start_steps} steps) "
+                        f"and no peer served module {mid}: pass --init DIR (written by `pathswarm swarm init "
+                        f"--warm-start-steps`), or start once a node that holds it is up")
+                time.sleep(1.0)
             self.publish_local(mid)
-            logger.info("module %s from %s", mid, source)
+            logger.info("module %s from %s", mid, got or (source if ckpt is None else
+                                                          f"checkpoint round {ckpt.modules[mid].round}"))
 
     def download(self, mid: str, peer: str, keep_progress: bool = False) -> bool:
         """Adopt `peer`'s state of `mid` if it matches its own digest; keep_progress: our local steps since our
@@ -60,6 +77,12 @@ class StateSync:
         if state_digest(got.anchor, got.momentum, got.round) != got.digest:
             logger.warning("state of %s from %s fails its digest; ignored", mid, peer[-8:])
             return False
+        if got.round == 0:
+            try:
+                check_init(self.spec, mid, got.anchor, got.momentum)
+            except InitMismatchError as e:
+                logger.warning("round 0 of %s from %s is not the swarm's: %s; ignored", mid, peer[-8:], e)
+                return False
         anchor = got.anchor
         old_anchor = self.worker.outer[mid].anchor.clone()
         progress = self.worker.flat(mid) - old_anchor if keep_progress else None

@@ -7,6 +7,9 @@ holder applies the same Nesterov momentum step to its anchor copy:
 
     buf ← μ·buf + Δ̄ ;  step = Δ̄ + μ·buf (Nesterov) or buf (heavy ball) ;  anchor ← anchor − lr·step
 
+except in a module's first `outer.warmup_rounds` rounds, which merge by plain averaging (anchor ← anchor − Δ̄,
+the buffer untouched): the round number is part of the replicated state, so every replica makes the same choice.
+
 This matches torch.optim.SGD(momentum=μ, nesterov=True, dampening=0) applied to Δ̄. Everything here is
 deterministic for a given input order, which is what keeps the replicas of a module bit-identical.
 """
@@ -28,10 +31,15 @@ def pseudo_gradient(anchor: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     return anchor.float() - local.float()
 
 
-def nesterov_step(anchor: torch.Tensor, momentum: torch.Tensor, grad: torch.Tensor, cfg: OuterOptSpec) -> None:
-    """Apply one outer step in place to `anchor` and `momentum` (both fp32 flat tensors)."""
+def nesterov_step(anchor: torch.Tensor, momentum: torch.Tensor, grad: torch.Tensor, cfg: OuterOptSpec,
+                  round_: int | None = None) -> None:
+    """Apply one outer step in place to `anchor` and `momentum` (both fp32 flat tensors); `round_`: the module's
+    round before the step (a round below cfg.warmup_rounds is plain averaging; None: always the Nesterov step)."""
     if not (anchor.shape == momentum.shape == grad.shape):
         raise ValueError("anchor, momentum and outer gradient must have the same shape")
+    if round_ is not None and round_ < cfg.warmup_rounds:
+        anchor.sub_(grad)
+        return
     momentum.mul_(cfg.momentum).add_(grad)
     step = grad.add(momentum, alpha=cfg.momentum) if cfg.nesterov else momentum
     anchor.sub_(step, alpha=cfg.lr)
@@ -54,7 +62,7 @@ class OuterState:
         return cls(anchor=w, momentum=torch.zeros_like(w), round=0)
 
     def apply(self, avg_pseudo_grad: torch.Tensor, cfg: OuterOptSpec) -> None:
-        nesterov_step(self.anchor, self.momentum, avg_pseudo_grad, cfg)
+        nesterov_step(self.anchor, self.momentum, avg_pseudo_grad, cfg, self.round)
         self.round += 1
 
     def digest(self) -> str:

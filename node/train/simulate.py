@@ -27,7 +27,9 @@ from pathswarm.node.model.model import PathModel, build_path
 from pathswarm.node.model.router import documents_by_path
 from pathswarm.node.train.checkpoint import ModuleState, save_checkpoint
 from pathswarm.node.train.inner import evaluate_loss, make_inner_optimizer, set_warmup_lr
+from pathswarm.node.train.outer import OuterState
 from pathswarm.node.train.round import close_round, make_contribution, settle
+from pathswarm.node.train.warm_start import check_init
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.reducers import successors
 from pathswarm.protocol.spec import SwarmSpec, format_path
@@ -143,11 +145,19 @@ makes one worker hostile with it."""
 
 
 def run_simulation(spec: SwarmSpec, cfg: SimConfig, docs: list[Document] | None = None,
-                   on_event: Event | None = None, tamper: Tamper | None = None) -> SimResult:
+                   on_event: Event | None = None, tamper: Tamper | None = None,
+                   init_weights: dict[str, torch.Tensor] | None = None) -> SimResult:
     """Run one simulated swarm and return per-round losses, tokens and bytes.
 
-    `tamper` (local-SGD modes) rewrites the frames workers send, to simulate hostile peers."""
+    `tamper` (local-SGD modes) rewrites the frames workers send, to simulate hostile peers. `init_weights`: round 0
+    of every module (module id → flat fp32), required when the spec names a warm start (node/train/warm_start.py),
+    and checked against its digests as a node checks them."""
     spec.require_router()
+    if spec.init.digests and init_weights is None:
+        raise ValueError("the spec starts from a warm start: pass its round-0 weights (init_weights)")
+    if init_weights is not None:
+        for mid in spec.all_module_ids():
+            check_init(spec, mid, init_weights[mid])
     emit = on_event or (lambda kind, info: None)
     t0 = time.perf_counter()
     docs = docs if docs is not None else load_documents(spec.data, synthetic_docs=cfg.synthetic_docs)
@@ -169,19 +179,23 @@ def run_simulation(spec: SwarmSpec, cfg: SimConfig, docs: list[Document] | None 
     result = SimResult(mode=cfg.mode, swarm_id=spec.swarm_id, workers=n, inner_steps=H,
                        paths=[format_path(p) for p in eval_paths])
     if cfg.mode == "sync":
-        _run_sync(spec, cfg, H, lr, samplers, evaluator, result, emit)
+        _run_sync(spec, cfg, H, lr, samplers, evaluator, result, emit, init_weights)
     else:
-        _run_local_sgd(spec, cfg, H, lr, worker_paths, samplers, evaluator, result, emit, tamper)
+        _run_local_sgd(spec, cfg, H, lr, worker_paths, samplers, evaluator, result, emit, tamper, init_weights)
     result.wall_s = time.perf_counter() - t0
     return result
 
 
 def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, worker_paths: list[tuple[int, ...]],
                    samplers: list[TokenSampler], evaluator: RoutedEval, result: SimResult, emit: Event,
-                   tamper: Tamper | None = None) -> None:
+                   tamper: Tamper | None = None, init_weights: dict[str, torch.Tensor] | None = None) -> None:
     bs = spec.inner.batch_size
     workers = [PathWorker(spec, p, (lambda s=s: s.sample(bs)), name=f"w{i}", lr=lr)
                for i, (p, s) in enumerate(zip(worker_paths, samplers, strict=True))]
+    for w in workers if init_weights is not None else []:
+        for mid in w.module_ids:
+            w.set_flat(mid, init_weights[mid])
+            w.outer[mid] = OuterState.fresh(init_weights[mid])
     models = {}
     for w in workers:
         models.setdefault(w.path, w.model)
@@ -271,9 +285,12 @@ def _ddp_bytes(workers: list[PathWorker], H: int) -> int:
 
 
 def _run_sync(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, samplers: list[TokenSampler],
-              evaluator: RoutedEval, result: SimResult, emit: Event) -> None:
+              evaluator: RoutedEval, result: SimResult, emit: Event,
+              init_weights: dict[str, torch.Tensor] | None = None) -> None:
     path = spec.path_of_index(0)
     model = build_path(spec, path)
+    for mid, module in model.named_modules_of_path().items() if init_weights is not None else []:
+        torch.nn.utils.vector_to_parameters(init_weights[mid].clone(), module.parameters())  # a private copy
     opt = make_inner_optimizer(model, spec.inner, lr)
     bs, n = spec.inner.batch_size, len(samplers)
     result.val_loss_before = evaluator.losses({path: model})

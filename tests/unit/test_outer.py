@@ -47,9 +47,24 @@ def test_matches_torch_sgd_nesterov():
         g = torch.randn(50)
         p.grad = g.clone()
         sgd.step()
-        state.apply(g, OuterOptSpec())
+        state.apply(g, OuterOptSpec(warmup_rounds=0))
     assert torch.allclose(state.anchor, p.detach(), atol=1e-6)
     assert state.round == 5
+
+
+def test_warmup_rounds_average_plainly_then_nesterov_starts_cold():
+    cfg = OuterOptSpec(lr=0.7, momentum=0.9, nesterov=True, warmup_rounds=2)
+    state = OuterState.fresh(torch.tensor([1.0, 2.0]))
+    state.apply(torch.tensor([0.5, -0.5]), cfg)  # round 0: anchor − Δ, buffer untouched
+    assert torch.equal(state.anchor, torch.tensor([0.5, 2.5])) and torch.equal(state.momentum, torch.zeros(2))
+    state.apply(torch.tensor([0.25, 0.25]), cfg)  # round 1: still plain
+    assert torch.equal(state.anchor, torch.tensor([0.25, 2.25])) and torch.equal(state.momentum, torch.zeros(2))
+    state.apply(torch.tensor([0.5, -0.5]), cfg)  # round 2: the first Nesterov step, from a zero buffer
+    assert torch.allclose(state.momentum, torch.tensor([0.5, -0.5]))
+    assert torch.allclose(state.anchor, torch.tensor([0.25 - 0.665, 2.25 + 0.665]))
+    assert state.round == 3
+    with pytest.raises(ValueError, match="warmup_rounds"):
+        OuterOptSpec(warmup_rounds=-1).validate()
 
 
 def test_heavy_ball_differs_from_nesterov():
