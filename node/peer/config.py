@@ -80,11 +80,11 @@ class NodeStatus:
     """Tokens of the shared module's rounds this node closed as their reducer (summed over the swarm: the tokens
     that entered the model, counted once, including those of members that died before hearing the result)."""
     digest_mismatches: int = 0
+    """Rounds after which our replica of a module differed from the group's (then re-synced from the reducer)."""
     splits_healed: int = 0
     """Rounds we found merged in two versions whose losing version was ours (then re-synced: node/peer/splits.py)."""
     tokens_reduced_discarded: int = 0
     """Tokens of rounds we reduced that a healed split threw away (no longer in tokens_reduced)."""
-    """Rounds after which our replica of a module differed from the group's (then re-synced from the reducer)."""
     tokens_resumed: int = 0
     """Tokens of a round in progress that a previous run of this node saved and this one took over (their steps
     were trained before the restart: tokens_trained counts this round's share of them)."""

@@ -75,7 +75,10 @@ def test_three_nodes_train_with_identical_replicas(spec_path, tmp_path):
             assert st[name]["tokens_trained"] >= 2 * TOKENS_PER_ROUND  # a late round shortens the next to H/2
             assert st[name]["tokens_merged"] + st[name]["tokens_unmerged"] == st[name]["tokens_trained"], st[name]
             assert st[name]["tokens_merged"] >= 0.5 * st[name]["tokens_trained"], st[name]
-            assert st[name]["val_loss_after"] < st[name]["val_loss_before"], st[name]
+            # (CI once saw 5.55 -> 8.17 here, before the outer warm-up rounds: the message keeps what would explain it)
+            assert st[name]["val_loss_after"] < st[name]["val_loss_before"], {
+                k: st[name][k] for k in ("val_loss_before", "val_loss_after", "loss_curve", "groups", "rounds_failed",
+                                         "digest_mismatches", "splits_healed", "tokens_merged", "tokens_unmerged")}
         # Every token a member heard merged was counted by the reducer that merged it (reducers also count members
         # that never heard back, none here unless a member's last round outlived its reducer).
         reduced, merged = (sum(st[n][k] for n in paths) for k in ("tokens_reduced", "tokens_merged"))

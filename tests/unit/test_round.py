@@ -39,7 +39,7 @@ def copy(st: OuterState) -> OuterState:
 
 def by_hand(st: OuterState, mean: torch.Tensor) -> OuterState:
     out = copy(st)
-    nesterov_step(out.anchor, out.momentum, mean, SPEC.outer)
+    nesterov_step(out.anchor, out.momentum, mean, SPEC.outer, st.round)  # plain averaging in warm-up rounds
     out.round += 1
     return out
 
