@@ -121,7 +121,9 @@ def plot(result: dict, path: Path) -> None:
         x.legend(fontsize=6.5, loc="upper right")
     bx.set_xscale("log")
     groups = [g for g in result["summary"] if g["mode"] == "diloco"]
-    bars = cx.bar([g["group"].replace("diloco ", "").replace(" ", "\n", 1) for g in groups],
+    names = [g["group"].replace("diloco ", "").replace(" warmup_rounds=", "\nwarm-up ")
+             .replace(" warm start ", "\nwarm start ") for g in groups]
+    bars = cx.bar(names,
                   [100 * (g["ratio_vs_sync"] - 1) for g in groups],
                   color=["tab:green" if g["ratio_vs_sync"] <= 1 + GOAL_COLD else "tab:red" for g in groups])
     for b, g in zip(bars, groups, strict=True):
