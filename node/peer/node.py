@@ -42,7 +42,6 @@ from pathswarm.node.peer.state_sync import StateSync
 from pathswarm.node.peer.status import PhaseClock, RoundWork, write_ready, write_status
 from pathswarm.node.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from pathswarm.node.train.inner import evaluate_loss
-from pathswarm.node.train.warm_start import check_init
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import read_module_holders
 from pathswarm.protocol.exchange import ModuleExchange
@@ -259,19 +258,9 @@ class Node:
                 self.rounds.carry = carry
         warm = ckpt is None and bool(self.spec.init.digests)
         if warm and self.cfg.init_dir:
-            self._load_init()
+            self.sync.load_init(self.cfg.init_dir)
         self.sync.initial(ckpt, resumed=carry is not None, need_init=warm and not self.cfg.init_dir,
                           source=f"warm start {self.cfg.init_dir}" if warm and self.cfg.init_dir else "seed")
-
-    def _load_init(self) -> None:
-        """Round 0 of a warm-started swarm from --init, every module checked against the spec's digests."""
-        init = load_checkpoint(self.cfg.init_dir, self.spec, module_ids=self.worker.module_ids)
-        if init.round != 0:
-            raise CheckpointError(f"{self.cfg.init_dir}: holds round {init.round}; --init takes round 0")
-        for mid in self.worker.module_ids:
-            state = init.modules[mid]
-            check_init(self.spec, mid, state.flat_weights(), state.momentum)
-            self.worker.restore(mid, state)
 
     def _save(self) -> None:
         if self.cfg.checkpoint_dir and self.worker is not None:
@@ -385,7 +374,7 @@ class Node:
         for heal in self.splits.take():
             self._heal(heal)
         for mid, peer in list(self.rounds.resync_from.items()):
-            if self.sync.download(mid, peer, keep_progress=True):
+            if self.sync.download(mid, peer, keep_progress=True, expect=self.rounds.resync_expect.pop(mid, None)):
                 logger.info("re-synced %s from %s at round %d", mid, peer[-8:], self.worker.outer[mid].round)
                 self.sync.publish_local(mid)
             self.rounds.resync_from.pop(mid)
@@ -400,9 +389,9 @@ class Node:
             self._renew_claim()
             self.stop_event.wait(ROUND1_SETTLE_S)
         st.bytes_sent, st.bytes_received = self.traffic.sent, self.traffic.received
-        for mid, peer in list(self.exchange.behind.items()):
-            self.rounds.resync_from[mid] = peer
+        for mid in list(self.exchange.behind):
             self.exchange.behind.pop(mid, None)
+            self._resync_if_vouched(mid)
         with self.work("checkpoint"):
             self._save()
         self.partial.renew_next_step()
@@ -441,6 +430,14 @@ class Node:
             self.status.tokens_reduced_discarded += reduced
         self.status.splits_healed += 1
         self.rounds.resync_from[heal.module] = heal.peer
+
+    def _resync_if_vouched(self, mid: str) -> None:
+        """A contribution claimed a later round of `mid` than ours: re-sync only to a state a majority vouches for."""
+        holders = self.groups.holders.get(mid, []) if self.groups is not None else []
+        got = self.sync.vouched(mid, holders)
+        if got is not None:
+            self.rounds.resync_from[mid] = got.peers[0]
+            self.rounds.resync_expect[mid] = (got.round, got.digest)
 
     def _write_status(self) -> None:
         if self.rounds is not None:

@@ -53,6 +53,8 @@ class Rounds:
         # skipped round): the next outer gradient of that module carries those steps, so it counts them too.
         self.carry: dict[str, int] = {}
         self.resync_from: dict[str, str] = {}
+        self.resync_expect: dict[str, tuple[int, str]] = {}
+        """Module → the (round, digest) a re-sync must yield, when a majority vouched for it (node/peer/vouch.py)."""
         self.catch_up = False  # our last round came late: make the next chunk shorter
         self.settled_any = False  # a round settled since the last completed one
         self.abandoned = False  # a round's fate is unknown: its steps may or may not be in the swarm's anchor

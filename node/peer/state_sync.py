@@ -10,7 +10,8 @@ import time
 import torch
 
 from pathswarm.node.peer.config import NodeStatus
-from pathswarm.node.train.checkpoint import Checkpoint, ModuleState
+from pathswarm.node.peer.vouch import Vouched, counted_peers, vouched_state
+from pathswarm.node.train.checkpoint import Checkpoint, CheckpointError, ModuleState, load_checkpoint
 from pathswarm.node.train.outer import state_digest
 from pathswarm.node.train.warm_start import InitMismatchError, check_init
 from pathswarm.node.train.worker import PathWorker
@@ -67,15 +68,41 @@ class StateSync:
             logger.info("module %s from %s", mid, got or (source if ckpt is None else
                                                           f"checkpoint round {ckpt.modules[mid].round}"))
 
-    def download(self, mid: str, peer: str, keep_progress: bool = False) -> bool:
-        """Adopt `peer`'s state of `mid` if it matches its own digest; keep_progress: our local steps since our
-        anchor stay on top of the new one."""
+    def load_init(self, init_dir: str) -> None:
+        """Round 0 of a warm-started swarm from `init_dir` (`--init`), every module checked against the spec."""
+        init = load_checkpoint(init_dir, self.spec, module_ids=self.worker.module_ids)
+        if init.round != 0:
+            raise CheckpointError(f"{init_dir}: holds round {init.round}; --init takes round 0")
+        for mid in self.worker.module_ids:
+            state = init.modules[mid]
+            check_init(self.spec, mid, state.flat_weights(), state.momentum)
+            self.worker.restore(mid, state)
+
+    def vouched(self, mid: str, claim_holders: list[str]) -> Vouched | None:
+        """The later state of `mid` a strict majority of its counted holders announce (node/peer/vouch.py), or None."""
+        me, mine = self.status.peer_id, self.worker.outer[mid]
+        announced = [(a.peer_id, a.round, a.digest) for a in read_module_holders(self.sdht, self.spec, mid)]
+        merged = {p for members in self.status.groups.get(mid, {}).values() for p in members}
+        got = vouched_state(announced, me, mine.round, counted_peers(merged, claim_holders, me))
+        if got is None:
+            logger.warning("module %s: a peer says our round %d is behind, but no majority of the module's holders "
+                           "announces a later state; not re-syncing", mid, mine.round)
+        return got
+
+    def download(self, mid: str, peer: str, keep_progress: bool = False,
+                 expect: tuple[int, str] | None = None) -> bool:
+        """Adopt `peer`'s state of `mid` if it matches its own digest (and is `expect`'s (round, digest) when
+        given: a state a majority vouched for); keep_progress: our local steps since our anchor stay on top."""
         timeout_s = self.spec.averaging.timeout_s
         got = self.net.run(self.exchange.fetch_state(peer, mid, timeout_s), timeout_s + 5)
         if got is None:
             return False
         if state_digest(got.anchor, got.momentum, got.round) != got.digest:
             logger.warning("state of %s from %s fails its digest; ignored", mid, peer[-8:])
+            return False
+        if expect is not None and (got.round, got.digest) != tuple(expect):
+            logger.warning("state of %s from %s is round %d %s, not the vouched round %d %s; ignored", mid,
+                           peer[-8:], got.round, got.digest, *expect)
             return False
         if got.round == 0:
             try:

@@ -1,0 +1,51 @@
+"""No state on one peer's word (docs/SECURITY.md): which announced module state a node may adopt when it is behind.
+
+A contribution that claims a later round than ours is only a hint that we may be behind; its sender could be
+anyone. Before re-syncing, the node reads the module's announcements (peer, round, digest) from the DHT and adopts
+a state only if a strict majority of the peers it counts announce that same (round, digest), newer than ours; the
+download must then hash to that digest. Counted: the module's seasoned holders as this node knows them, i.e. the
+peers whose outer gradients were merged in rounds of the module we applied; a node with no such history (just
+started) counts the holders in the claims instead, which is weaker (SECURITY.md says so). Pure: no network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Vouched:
+    """A module state a strict majority of the counted announcers hold."""
+
+    round: int
+    digest: str
+    peers: tuple[str, ...]
+    """Who announces it (sorted): where to download it from."""
+
+
+def vouched_state(announced: Iterable[tuple[str, int, str]], me: str, my_round: int,
+                  counted: Collection[str]) -> Vouched | None:
+    """(peer, round, digest) announcements of one module → the state to re-sync to, or None.
+
+    Only announcers in `counted` count (never ourselves); the most announced (round, digest) must be held by more
+    than half of them and be newer than `my_round`."""
+    latest: dict[str, tuple[int, str]] = {}
+    for peer, round_, digest in announced:
+        if peer != me and peer in counted and round_ >= latest.get(peer, (-1, ""))[0]:
+            latest[peer] = (round_, digest)
+    if not latest:
+        return None
+    tally: dict[tuple[int, str], list[str]] = {}
+    for peer, state in latest.items():
+        tally.setdefault(state, []).append(peer)
+    (round_, digest), peers = max(tally.items(), key=lambda kv: (len(kv[1]), kv[0][0], kv[0][1]))
+    if 2 * len(peers) <= len(latest) or round_ <= my_round:
+        return None
+    return Vouched(round_, digest, tuple(sorted(peers)))
+
+
+def counted_peers(merged_with: Iterable[str], claim_holders: Iterable[str], me: str) -> set[str]:
+    """The peers whose announcements count: those we merged rounds with, else (no history) the claims' holders."""
+    seasoned = set(merged_with) - {me}
+    return seasoned if seasoned else set(claim_holders) - {me}

@@ -1,0 +1,35 @@
+"""Which announced state a node that is told it is behind may adopt (node/peer/vouch.py): a majority's, never one
+peer's."""
+
+from pathswarm.node.peer.vouch import Vouched, counted_peers, vouched_state
+
+HONEST = {"a", "b", "c"}
+
+
+def test_a_majority_of_counted_holders_vouches_for_a_later_state():
+    announced = [("a", 7, "d7"), ("b", 7, "d7"), ("c", 6, "d6"), ("me", 5, "d5")]
+    assert vouched_state(announced, "me", 5, HONEST) == Vouched(7, "d7", ("a", "b"))
+
+
+def test_one_peer_claiming_a_later_round_moves_nothing():
+    # The hostile peer is not counted (never merged with us), however far ahead it claims to be.
+    announced = [("evil", 2**40, "ff"), ("a", 5, "d5"), ("b", 5, "d5")]
+    assert vouched_state(announced, "me", 5, HONEST) is None
+    # Counted or not, one voice of three is no majority; two of four is not either (a strict majority).
+    assert vouched_state([("a", 9, "x"), ("b", 5, "d5"), ("c", 5, "d5")], "me", 5, HONEST) is None
+    four = {"a", "b", "c", "d"}
+    assert vouched_state([("a", 9, "x"), ("b", 9, "x"), ("c", 5, "y"), ("d", 6, "z")], "me", 5, four) is None
+
+
+def test_nothing_newer_than_ours_and_our_own_voice_are_ignored():
+    assert vouched_state([("a", 5, "d5"), ("b", 5, "d5")], "me", 5, HONEST) is None
+    assert vouched_state([("me", 9, "x"), ("a", 5, "d5")], "me", 5, HONEST | {"me"}) is None
+    assert vouched_state([], "me", 0, HONEST) is None
+    # A peer's newest announcement is its vote (it may appear twice while a record is replaced).
+    twice = [("a", 6, "d6"), ("a", 8, "d8"), ("b", 8, "d8")]
+    assert vouched_state(twice, "me", 5, HONEST) == Vouched(8, "d8", ("a", "b"))
+
+
+def test_counted_peers_are_those_we_merged_with_else_the_claims():
+    assert counted_peers({"a", "b", "me"}, {"a", "b", "c", "evil"}, "me") == {"a", "b"}
+    assert counted_peers(set(), {"a", "me"}, "me") == {"a"}
