@@ -10,7 +10,8 @@ the same spec, data and validation windows, with the same inner steps per worker
 - `1 worker`: no communication (the paper's baseline; a quarter of the tokens);
 - `diloco H=…` cold start (the seed init) for every H in --inner-steps;
 - `diloco H=50 warm start`: node/train/warm_start.py trains round 0 for --warm-start-steps synchronous steps at the
-  global batch (what `swarm init --warm-start-steps` does), then DiLoCo for the remaining steps: same tokens;
+  global batch (what `swarm init --warm-start-steps` does), then DiLoCo for the remaining steps: same tokens; its
+  spec starts the outer Nesterov at once (`warmup_rounds` = 0, as node/train/warm_start.py sets it);
 - `diloco H=50 warmup_rounds=W`: the sweep the spec's default was chosen from.
 The headline arms (sync, 1 worker, DiLoCo H=50 cold and warm) run with every seed of --seeds; the loss reported
 is their mean. Arms run --jobs at a time, one torch thread each (results do not depend on it).
