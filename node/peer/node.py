@@ -266,7 +266,11 @@ class Node:
         if self.cfg.checkpoint_dir and self.worker is not None:
             round_ = max(st.round for st in self.worker.outer.values())
             states = {mid: self.worker.module_state(mid) for mid in self.worker.module_ids}
-            save_checkpoint(self.cfg.checkpoint_dir, self.spec, round_, states)
+            try:
+                save_checkpoint(self.cfg.checkpoint_dir, self.spec, round_, states)
+            except OSError as e:  # a full disk must not end the node: the last complete round stays on disk
+                logger.error("checkpoint of round %d not written (%s); keeping the last one, training on", round_, e)
+                return
             self._durable = {mid: st.round for mid, st in states.items()}
 
     def _save_partial(self) -> None:
@@ -446,10 +450,8 @@ class Node:
             self.status.tokens_reduced = self.exchange.tokens_reduced.get("shared", 0)
         status = self.status
         if self.cfg.checkpoint_dir:
-            # A round is on record once it is in our checkpoint: the status file is written every few steps, and a
-            # kill between a settle and the round's checkpoint would otherwise leave on record a version of a round
-            # that the restarted node, resuming from its checkpoint, trains again (a sole holder's module then
-            # shows two versions of that round; benchmarks/restarts.py found one in 20 cycles).
+            # A round is on record once our checkpoint holds it: a kill between a settle and the checkpoint would
+            # leave on record a round the restarted node trains again (benchmarks/restarts.py saw one such split).
             durable = self._durable
             status = replace(status, history={m: {r: d for r, d in h.items() if int(r) <= durable.get(m, 0)}
                                               for m, h in status.history.items()},

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from pathswarm.jsonfile import fsync_dir, write_json_atomic, write_text_atomic
 from pathswarm.node.model.model import new_module
 from pathswarm.node.train.outer import state_digest
 from pathswarm.protocol.spec import SwarmSpec
+
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MOMENTUM_KEY = "__outer_momentum__"
@@ -83,6 +86,16 @@ def save_checkpoint(root: str | Path, spec: SwarmSpec, round_: int, modules: dic
     tmp = root / f".{name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
+    try:
+        return _write_round(root, spec, round_, modules, name, final, tmp)
+    except OSError:
+        # A full disk (or any write error): the half-written round goes, LATEST still names the last complete one.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_round(root: Path, spec: SwarmSpec, round_: int, modules: dict[str, ModuleState], name: str, final: Path,
+                 tmp: Path) -> Path:
     tmp.mkdir()
     manifest = {"format": FORMAT_VERSION, "swarm_id": spec.swarm_id, "round": round_, "modules": {}}
     for mid, st in sorted(modules.items()):
@@ -100,13 +113,25 @@ def save_checkpoint(root: str | Path, spec: SwarmSpec, round_: int, modules: dic
     os.replace(tmp, final)
     fsync_dir(root)
     write_text_atomic(root / "LATEST", name + "\n", durable=True)
-    _prune(root, keep=KEEP_ROUNDS)
+    _prune(root, keep=KEEP_ROUNDS, current=final)
     return final
 
 
-def _prune(root: Path, keep: int) -> None:
-    rounds = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("round-"))
-    for old in rounds[:-keep]:
+def _complete_rounds(root: Path) -> list[Path]:
+    """Round directories with a manifest, oldest written first. By write time, not by name: a node that re-synced
+    to an older round (a healed split) writes a lower round number after a higher one."""
+    found = []
+    for p in root.iterdir():
+        manifest = p / "manifest.json"
+        if p.is_dir() and p.name.startswith("round-") and manifest.is_file():
+            found.append((manifest.stat().st_mtime_ns, p.name, p))
+    return [p for _, _, p in sorted(found)]
+
+
+def _prune(root: Path, keep: int, current: Path) -> None:
+    """Keep the round just written and the keep − 1 written before it."""
+    older = [p for p in _complete_rounds(root) if p != current]
+    for old in older[:max(0, len(older) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -120,6 +145,11 @@ def resolve_checkpoint_dir(path: str | Path) -> Path:
         target = p / latest.read_text(encoding="utf-8").strip()
         if (target / "manifest.json").is_file():
             return target
+        fallback = _complete_rounds(p)
+        if fallback:
+            logger.warning("%s: LATEST names %s, which is not a complete round; using %s, the newest that is",
+                           p, target.name, fallback[-1].name)
+            return fallback[-1]
         raise CheckpointError(f"{p}: LATEST names {target.name}, which has no manifest.json")
     if not p.exists():
         raise CheckpointError(f"{p}: checkpoint directory not found")

@@ -61,6 +61,46 @@ def test_latest_and_pruning(tmp_path):
     assert load_checkpoint(tmp_path, SPEC).round == 3
 
 
+def test_pruning_keeps_the_newest_written_rounds_not_the_highest_numbers(tmp_path):
+    # A node that re-synced to an older round (a healed split) writes round 5 after round 11: pruning by name
+    # used to delete the round just written and leave LATEST dangling.
+    for r in (10, 11):
+        save_checkpoint(tmp_path, SPEC, r, states(SPEC, r))
+    time.sleep(0.01)  # distinct manifest times on coarse file systems
+    save_checkpoint(tmp_path, SPEC, 5, states(SPEC, 5))
+    rounds = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("round-"))
+    assert rounds == ["round-000005", "round-000011"]
+    assert load_checkpoint(tmp_path, SPEC).round == 5
+
+
+def test_a_dangling_latest_falls_back_to_the_newest_complete_round(tmp_path):
+    for r in (1, 2):
+        save_checkpoint(tmp_path, SPEC, r, states(SPEC, r))
+    (tmp_path / "LATEST").write_text("round-000999\n")
+    assert load_checkpoint(tmp_path, SPEC).round == 2
+    for d in tmp_path.glob("round-*"):
+        (d / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="no manifest"):
+        load_checkpoint(tmp_path, SPEC)
+
+
+def test_a_full_disk_keeps_the_last_complete_round(tmp_path, monkeypatch):
+    import errno
+
+    from pathswarm.node.train import checkpoint
+
+    save_checkpoint(tmp_path, SPEC, 1, states(SPEC, 1))
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save_file", full)
+    with pytest.raises(OSError, match="No space"):
+        save_checkpoint(tmp_path, SPEC, 2, states(SPEC, 2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["LATEST", "round-000001"]  # no half-written round left
+    assert load_checkpoint(tmp_path, SPEC).round == 1
+
+
 def test_rejects_other_swarm_corruption_and_missing_modules(tmp_path):
     d = save_checkpoint(tmp_path, SPEC, 1, states(SPEC, 1))
     other = SPEC.replace(name="other")
