@@ -101,13 +101,26 @@ class ClosedRound:
         return self.after.digest() if self.after is not None else ""
 
 
+CARRIED_ROUNDS_WEIGHED = 4
+"""A contribution weighs at most this many rounds' tokens (see `max_weight`)."""
+
+
+def max_weight(spec: SwarmSpec) -> int:
+    """The most tokens one contribution may weigh in a mean: what one node trains in CARRIED_ROUNDS_WEIGHED rounds
+    (H × batch × context each; a late or failed round carries its tokens into the next). Token counts are
+    self-reported: without a cap one peer claiming 2^53 tokens would own the weighted mean (docs/SECURITY.md)."""
+    return spec.inner.steps * spec.inner.batch_size * spec.model.context_len * CARRIED_ROUNDS_WEIGHED
+
+
 def close_round(contributions: Sequence[tuple[str, int, bytes]], numel: int, spec: SwarmSpec,
                 before: OuterState | None = None) -> ClosedRound:
-    """Merge (peer, tokens, frame) contributions in sorted peer-id order into one canonical encoded mean.
+    """Merge (peer, tokens, frame) contributions in sorted peer-id order into one canonical encoded mean, each
+    weighed by its tokens capped at `max_weight(spec)`.
 
     `before`: the module's state the round opened with; the result then carries the state after the round
     (its digest is what every member must reach). `before` is not modified."""
-    ordered = sorted(contributions, key=lambda c: c[0])
+    cap = max_weight(spec)
+    ordered = sorted(((peer, min(tokens, cap), frame) for peer, tokens, frame in contributions), key=lambda c: c[0])
     avg = spec.averaging
     merged = merge(ordered, numel, norm_bound=avg.norm_bound, clip_factor=avg.clip_factor,
                    clip_iterations=avg.clip_iterations)
@@ -119,7 +132,9 @@ def close_round(contributions: Sequence[tuple[str, int, bytes]], numel: int, spe
     if before is not None:
         after = OuterState(before.anchor.clone(), before.momentum.clone(), before.round)
         after.apply(decode_mean(mean_frame, numel), spec.outer)
-    return ClosedRound(mean_frame, tuple(merged.used), merged.tokens, tuple(merged.rejected), after)
+    claimed = dict((peer, tokens) for peer, tokens, _ in contributions)  # the tokens they trained, uncapped
+    return ClosedRound(mean_frame, tuple(merged.used), sum(claimed[p] for p in merged.used), tuple(merged.rejected),
+                       after)
 
 
 def decode_mean(frame: bytes, numel: int) -> torch.Tensor:

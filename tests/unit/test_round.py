@@ -60,6 +60,18 @@ def test_a_contribution_is_the_encoded_outer_gradient_and_remembers_what_settlin
         make_contribution(st, local, fb, SPEC.codec, tokens=0)
 
 
+def test_a_self_reported_token_count_weighs_at_most_max_weight():
+    from pathswarm.node.train.round import max_weight
+
+    st, cap = state(), max_weight(SPEC)
+    assert cap == SPEC.inner.steps * SPEC.inner.batch_size * SPEC.model.context_len * 4
+    deltas = [st.anchor - drift(st, s) for s in (1, 2)]
+    greedy = close_round([("a", 2**52, encode(deltas[0])), ("b", cap, encode(deltas[1]))], NUMEL, SPEC)
+    fair = close_round([("a", cap, encode(deltas[0])), ("b", cap, encode(deltas[1]))], NUMEL, SPEC)
+    assert greedy.mean_frame == fair.mean_frame  # claiming 2^52 tokens buys no more weight than the cap
+    assert greedy.tokens == 2**52 + cap  # accounting still counts what was claimed as trained
+
+
 def test_close_round_is_one_canonical_encoded_mean_whatever_the_arrival_order():
     st = state()
     deltas = [st.anchor - drift(st, s) for s in (1, 2, 3)]
