@@ -26,6 +26,7 @@ class PartialRounds:
         # The synchronous baseline restarts from the last good state, as a data-parallel job does.
         self.enabled = bool(cfg.checkpoint_dir and cfg.partial_every_s > 0 and not cfg.sync_rounds)
         self.next_save = 0.0  # perf_counter time of the next save
+        self.earliest = 0.0  # perf_counter time before which no save fits the 1/PARTIAL_COST_SHARE budget
         self.resumed_steps = 0  # inner steps of the resumed round that the first chunk skips
 
     def resume(self, worker: PathWorker) -> dict[str, int] | None:
@@ -58,7 +59,8 @@ class PartialRounds:
             save()
         spent = time.perf_counter() - t0
         # At most 1/PARTIAL_COST_SHARE of training time: a big model saves less often than a small one.
-        self.next_save = time.perf_counter() + max(self.cfg.partial_every_s, PARTIAL_COST_SHARE * spent)
+        self.earliest = t0 + PARTIAL_COST_SHARE * spent
+        self.next_save = max(t0 + self.cfg.partial_every_s, self.earliest)
 
     def save(self, worker: PathWorker, bases: dict[str, torch.Tensor], carry: dict[str, int],
              chunk_tokens: int) -> None:
@@ -75,8 +77,10 @@ class PartialRounds:
         save, resuming it would apply them twice. The next step saves it anew, without them."""
         if self.enabled:
             discard_partial(self.cfg.checkpoint_dir)
-            self.next_save = 0.0
+            self.next_save = self.earliest
 
     def renew_next_step(self) -> None:
-        """The anchors changed: the saved round was made against the old ones."""
-        self.next_save = 0.0
+        """The anchors changed: the saved round was made against the old ones (a resume would ignore it). Save anew
+        as soon as the budget allows: saving at once after every send and every round cost a 25M-parameter node
+        3.5-4 % of its training time (benchmarks/results/overhead.json), twice the budget."""
+        self.next_save = self.earliest

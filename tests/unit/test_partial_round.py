@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -157,7 +158,9 @@ def test_sending_a_round_discards_the_saved_one_and_the_next_save_leaves_the_sen
                             {}))
     assert not (tmp_path / FILE).exists()
     w.train_inner(1)
-    node.partial.maybe_save(node._save_partial, node.work)  # due at the first step after a send
+    # Due at the first step after a send that the 1/PARTIAL_COST_SHARE budget allows (at once for a small model).
+    time.sleep(max(0.0, node.partial.earliest - time.perf_counter()))
+    node.partial.maybe_save(node._save_partial, node.work)
     b = _worker(spec, synthetic_docs)
     _same_anchors(w, b)
     got = load_partial(tmp_path, spec, b)
