@@ -241,6 +241,16 @@ def path_param_count(spec: SwarmSpec) -> int:
     return counts[SHARED] + sum(counts[mid] for mid in spec.module_ids(spec.path_of_index(0))[1:])
 
 
+def unflatten_like(template: dict[str, torch.Tensor], flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A flat vector (a module's parameters in order, as peers exchange them) → tensors named and shaped as in
+    `template` (a module's state_dict), each a copy."""
+    out, offset = {}, 0
+    for name, t in template.items():
+        out[name] = flat[offset:offset + t.numel()].view_as(t).clone()
+        offset += t.numel()
+    return out
+
+
 def param_groups(model: PathModel, lr: float, weight_decay: float) -> list[dict]:
     """AdamW parameter groups of a path with muP learning rates (see `module_param_groups`)."""
     return module_param_groups(model.spec, model.named_modules_of_path(), lr, weight_decay)

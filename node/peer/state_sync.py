@@ -7,8 +7,7 @@ from __future__ import annotations
 import logging
 import time
 
-import torch
-
+from pathswarm.node.model.model import unflatten_like
 from pathswarm.node.peer.config import NodeStatus
 from pathswarm.node.peer.vouch import Vouched, counted_peers, vouched_state
 from pathswarm.node.train.checkpoint import Checkpoint, CheckpointError, ModuleState, load_checkpoint
@@ -113,19 +112,11 @@ class StateSync:
         anchor = got.anchor
         old_anchor = self.worker.outer[mid].anchor.clone()
         progress = self.worker.flat(mid) - old_anchor if keep_progress else None
-        state = ModuleState(weights=unflatten(self.worker, mid, anchor), momentum=got.momentum, round=got.round,
-                            reducers=got.reducers)
+        weights = unflatten_like(self.worker.model.module(mid).state_dict(), anchor)
+        state = ModuleState(weights=weights, momentum=got.momentum, round=got.round, reducers=got.reducers)
         self.worker.restore(mid, state)
         self.worker.feedback[mid].reset()
         self.net.loop.call_soon_threadsafe(self.exchange.forget_pending, mid)
         if progress is not None:
             self.worker.set_flat(mid, anchor + progress)
         return True
-
-
-def unflatten(worker: PathWorker, mid: str, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-    out, offset = {}, 0
-    for name, t in worker.model.module(mid).state_dict().items():
-        out[name] = flat[offset:offset + t.numel()].view_as(t).clone()
-        offset += t.numel()
-    return out

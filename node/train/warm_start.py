@@ -18,7 +18,7 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from pathswarm.node.model.data import Document, TokenSampler, split
-from pathswarm.node.model.model import PathModel, module_param_groups, new_module
+from pathswarm.node.model.model import PathModel, module_param_groups, new_module, unflatten_like
 from pathswarm.node.model.router import documents_by_path
 from pathswarm.node.train.checkpoint import ModuleState
 from pathswarm.node.train.inner import AdamW, set_warmup_lr
@@ -85,10 +85,7 @@ def module_states(spec: SwarmSpec, weights: dict[str, torch.Tensor]) -> dict[str
     """Round-0 checkpoint states of flat weights (zero outer momentum), as `save_checkpoint` takes them."""
     out = {}
     for mid, flat in weights.items():
-        named, offset = {}, 0
-        for name, t in new_module(spec, mid).state_dict().items():
-            named[name] = flat[offset:offset + t.numel()].view_as(t).clone()
-            offset += t.numel()
+        named = unflatten_like(new_module(spec, mid).state_dict(), flat)
         out[mid] = ModuleState(weights=named, momentum=torch.zeros_like(flat), round=0)
     return out
 

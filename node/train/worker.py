@@ -13,7 +13,7 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from pathswarm.compression import ErrorFeedback
-from pathswarm.node.model.model import PathModel, build_path
+from pathswarm.node.model.model import PathModel, build_path, unflatten_like
 from pathswarm.node.train.checkpoint import ModuleState
 from pathswarm.node.train.inner import InnerStats, make_inner_optimizer, train_steps
 from pathswarm.node.train.outer import OuterState, pseudo_gradient
@@ -77,11 +77,7 @@ class PathWorker:
     def module_state(self, mid: str) -> ModuleState:
         """The module at its last complete outer round (anchor, not the in-flight local weights)."""
         st = self.outer[mid]
-        template = self.model.module(mid).state_dict()
-        weights, offset = {}, 0
-        for name, t in template.items():
-            weights[name] = st.anchor[offset:offset + t.numel()].view_as(t).clone()
-            offset += t.numel()
+        weights = unflatten_like(self.model.module(mid).state_dict(), st.anchor)
         return ModuleState(weights=weights, momentum=st.momentum.clone(), round=st.round, reducers=st.reducers)
 
     def restore(self, mid: str, state: ModuleState) -> None:

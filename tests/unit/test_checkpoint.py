@@ -53,11 +53,14 @@ def test_round_trip_is_exact(tmp_path):
     assert manifest["swarm_id"] == SPEC.swarm_id
 
 
+def round_dirs(root) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("round-"))
+
+
 def test_latest_and_pruning(tmp_path):
     for r in (1, 2, 3):
         save_checkpoint(tmp_path, SPEC, r, states(SPEC, r))
-    rounds = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("round-"))
-    assert rounds == ["round-000002", "round-000003"]
+    assert round_dirs(tmp_path) == ["round-000002", "round-000003"]
     assert load_checkpoint(tmp_path, SPEC).round == 3
 
 
@@ -68,8 +71,7 @@ def test_pruning_keeps_the_newest_written_rounds_not_the_highest_numbers(tmp_pat
         save_checkpoint(tmp_path, SPEC, r, states(SPEC, r))
     time.sleep(0.01)  # distinct manifest times on coarse file systems
     save_checkpoint(tmp_path, SPEC, 5, states(SPEC, 5))
-    rounds = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("round-"))
-    assert rounds == ["round-000005", "round-000011"]
+    assert round_dirs(tmp_path) == ["round-000005", "round-000011"]
     assert load_checkpoint(tmp_path, SPEC).round == 5
 
 
