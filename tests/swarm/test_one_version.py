@@ -13,10 +13,12 @@ import signal
 import time
 
 import pytest
+from safetensors import SafetensorError, safe_open
 
 from pathswarm.node.app.local_swarm import LocalSwarm
 from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.model.data import synthetic_corpus
+from pathswarm.node.peer.partial_round import FILE as PARTIAL_FILE
 from pathswarm.node.train.checkpoint import load_checkpoint, module_digest
 from pathswarm.protocol.spec import AveragingSpec, DataSpec, InnerOptSpec, ModelSpec, SwarmSpec
 
@@ -55,6 +57,15 @@ def assert_one_version(statuses: list[dict], at_least: int) -> None:
     assert len(shared_rounds) >= at_least, sorted(seen)
 
 
+def saved_round(ckpt_dir) -> int:
+    """The anchor round of `shared` that the saved round in progress was trained on (-1: none saved)."""
+    try:
+        with safe_open(str(ckpt_dir / PARTIAL_FILE), "pt") as f:
+            return json.loads(f.metadata()["anchors"])["shared"][0]
+    except (OSError, KeyError, ValueError, SafetensorError):
+        return -1
+
+
 def start(swarm: LocalSwarm, name: str, path: str, identity: bool, tmp) -> None:
     extra = ["--identity", str(tmp / f"{name}.id")] if identity else []
     swarm.start_node(name, path=path, extra=["--wait-peers", "3", "--save-partial-s", "0.2", "--max-tokens-per-s",
@@ -76,10 +87,12 @@ def test_a_reducer_killed_mid_round_and_restarted_splits_no_round(tmp_path, same
             x and x.get("module_rounds", {}).get("shared", 0) >= 2 for x in s.values()) and s, 150, "two rounds")
         reducer = st["a"]["reducers"]["shared"][0]
         victim = next(n for n in names if st[n]["peer_id"] == reducer)
-        # mid inner phase: half a round after one settled, with the round in progress saved
+        # mid inner phase: after a round settled, once the round in progress on top of it is saved (saves keep
+        # a time budget, so a fixed sleep could land before the first one)
         settled = swarm.status(victim)["module_rounds"]["shared"]
         wait_until(lambda: swarm.status(victim)["module_rounds"]["shared"] > settled, 60, "a round to settle")
-        time.sleep(H / 2 / STEPS_PER_S)
+        ckpt_dir = swarm.node_files(victim)["checkpoint"]
+        wait_until(lambda: saved_round(ckpt_dir) > settled, 30, "the round in progress saved on the new anchor")
         swarm.signal(victim, signal.SIGKILL)
         swarm.nodes[victim].wait(10)
         killed_round = swarm.status(victim)["module_rounds"]["shared"]
