@@ -4,8 +4,8 @@ Every record a peer writes goes under a key prefixed with the swarm id (protocol
 subkey that names its owner, `[owner:<ssh-rsa key>]`. hivemind's `RSASignatureValidator` signs such a
 record and makes every honest DHT peer refuse a write to that subkey not signed by its key, so nobody
 can overwrite or withdraw another peer's claim. On top of it `SwarmRecordValidator` makes every peer
-of the swarm refuse, on store and on read, a record under the swarm's keys that is unsigned, malformed,
-off the spec, or written in the name of another peer id.
+of the swarm refuse, on store and on read, a record that is unsigned, malformed, off the spec, written in
+the name of another peer id, too large, expiring too far ahead, or under a key that is not the swarm's.
 
 Private to protocol/: with protocol/net.py, the only code that imports hivemind (the validator must
 subclass hivemind's, and runs inside hivemind's DHT process). protocol/dht.py re-exports the names.
@@ -25,10 +25,18 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.proto import crypto_pb2
-from hivemind.utils import MSGPackSerializer
+from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from pathswarm.protocol.membership import Gate
-from pathswarm.protocol.records import MAX_RECORD_BYTES, RecordError, parse_record, swarm_keys
+from pathswarm.protocol.records import (
+    MAX_RECORD_BYTES,
+    RecordError,
+    max_record_ttl_s,
+    parse_record,
+    served_key,
+    servers_key,
+    swarm_keys,
+)
 from pathswarm.protocol.spec import SwarmSpec
 
 logger = logging.getLogger("pathswarm.protocol.dht")  # one logger for the records, wherever they are checked
@@ -76,36 +84,61 @@ def _gate(owner_key: str, swarm_id: str) -> Gate:
 
 
 class SwarmRecordValidator(RecordValidatorBase):
-    """Refuses records under a swarm's keys unless signed by an owner whose peer id they carry.
+    """What a peer of a swarm stores and believes from its DHT (docs/SECURITY.md, "DHT writer").
 
     Runs inside the DHT process on every store request and every value found, after hivemind's
-    RSASignatureValidator has checked the signature and stripped it (lower priority runs later).
-    Keys that are not this swarm's pass untouched (hivemind's own, other swarms').
+    RSASignatureValidator has checked the signature and stripped it (lower priority runs later). Accepted:
+    - the swarm's records (claims, metrics, module announcements), signed by an owner whose peer id they carry,
+      well formed and fitting the spec;
+    - the swarm's spec-server listings, each a signed peer id naming its signer;
+    - a bootstrap peer's "served swarm" record, only under its own peer id's key and signed by it;
+    and nothing else: keys outside the swarm (junk, other swarms, hivemind's own, which we do not use) are refused,
+    so a stranger cannot use our peers as free storage. Every record is at most MAX_RECORD_BYTES and expires at
+    most `max_record_ttl_s` ahead. Per-peer limits follow: an owner writes one subkey (itself) per key, and the
+    keys are a fixed set, so one identity stores at most (keys × MAX_RECORD_BYTES).
     """
 
     def __init__(self, spec: SwarmSpec):
         self._spec = spec
         self._gate = gate_of(spec)
+        self._max_ttl_s = max_record_ttl_s(spec)
         self._models = {DHTID.generate(source=key).to_bytes(): model for key, model in swarm_keys(spec).items()}
+        self._servers = DHTID.generate(source=servers_key(spec.swarm_id)).to_bytes()
 
     def validate(self, record: DHTRecord) -> bool:
-        model = self._models.get(record.key)
-        if model is None:
-            return True
+        what = "record"
         try:
+            model = self._models.get(record.key)
+            what = "record" if model is None else f"{model.__name__} record"
+            if len(record.value) > MAX_RECORD_BYTES:
+                raise RecordError(f"record of {len(record.value)} bytes exceeds {MAX_RECORD_BYTES}")
+            ahead = record.expiration_time - get_dht_time()
+            if not ahead <= self._max_ttl_s:  # `not <=`: a NaN expiration is refused too
+                raise RecordError(f"expires {ahead:.0f} s ahead; the most is {self._max_ttl_s:.0f} s")
             owner_peer_id = peer_id_of_owner(record.subkey)
             if owner_peer_id is None:
                 raise RecordError("subkey names no owner key")
-            if len(record.value) > MAX_RECORD_BYTES:
-                raise RecordError(f"record of {len(record.value)} bytes exceeds {MAX_RECORD_BYTES}")
-            parsed = parse_record(model, MSGPackSerializer.loads(record.value), self._spec)
-            if parsed.peer_id != owner_peer_id:
-                raise RecordError(f"record names peer {parsed.peer_id[:64]} but is signed by {owner_peer_id}")
-            self._gate.check(parsed.membership, owner_peer_id)
+            value = MSGPackSerializer.loads(record.value)
+            if model is not None:
+                self._check_swarm_record(model, value, owner_peer_id)
+            elif record.key == self._servers:
+                if value != owner_peer_id:
+                    raise RecordError("a spec-server listing must name its signer")
+            elif record.key == DHTID.generate(source=served_key(owner_peer_id)).to_bytes():
+                if not isinstance(value, dict) or not isinstance(value.get("swarm_id"), str):
+                    raise RecordError("a served-swarm record holds {swarm_id, name}")
+            else:
+                raise RecordError("key outside this swarm (or a served-swarm record under another peer's id)")
         except Exception as e:  # anything a stranger sends is a refusal, never a crash
-            logger.info("refused a %s record: %s", model.__name__, str(e)[:200])
+            logger.info("refused a %s: %s", what, str(e)[:200])
             return False
         return True
+
+    def _check_swarm_record(self, model, value, owner_peer_id: str) -> None:
+        parsed = parse_record(model, value, self._spec)
+        if parsed.peer_id != owner_peer_id:
+            raise RecordError(f"record names peer {parsed.peer_id[:64]} but is signed by {owner_peer_id}")
+        self._gate.check(parsed.membership, owner_peer_id)
 
     @property
     def priority(self) -> int:

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from pathswarm.protocol.clock import MONOTONIC, Clock
+from pathswarm.protocol.handlers import Budget, Guard
 from pathswarm.protocol.membership import Gate, MembershipError
-from pathswarm.protocol.ratelimit import RateLimiter
 from pathswarm.protocol.reducers import RIVAL, Stance, earlier, parse_candidates, successors
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.wire import (
@@ -181,8 +181,16 @@ class ModuleExchange:
         self.offenses: dict[str, int] = {}  # peer → contributions of it we rejected (robust aggregation)
         # A member sends one contribution per module per round and downloads a module's state when it joins or
         # re-syncs: these budgets are far above that, and far below what a flood would need.
-        self.limits = {"contribute": RateLimiter(rate=4.0, burst=32), "state": RateLimiter(rate=1.0, burst=16),
-                       "stance": RateLimiter(rate=4.0, burst=32)}
+        # Deadlines: a contribution waits for its round (grace window, and up to the timeout in sync mode); a state
+        # download gets the time its downloader waits (fetch_state); per peer, one state in service at a time.
+        avg = spec.averaging
+        self.guard = Guard({
+            "contribute": Budget(4.0, 32, per_peer=2 * len(numels) + 2, total=1024,
+                                 deadline_s=avg.grace_s + avg.timeout_s + 30),
+            "state": Budget(1.0, 16, per_peer=1, total=8, deadline_s=avg.timeout_s + 5),
+            "stance": Budget(4.0, 32, per_peer=2 * len(numels) + 2, total=1024, deadline_s=STANCE_TIMEOUT_S + 5)},
+            self._refuse)
+        self.limits = self.guard.limits
         # Modules whose reducer list this process has not seen work yet (it started from a checkpoint or the seed):
         # at the head of the list it asks the others before reducing (protocol/reducers.py, rule 4).
         self.fresh: set[str] = set(numels)
@@ -231,9 +239,7 @@ class ModuleExchange:
         return mine
 
     async def _on_contribute(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            if not await self._within_rate("contribute", sender, reader, writer):
-                return
+        async def body() -> None:
             header, _ = await read_message(reader, 0, self.traffic)
             if not await self._admit(header, sender, reader, writer):
                 return
@@ -251,10 +257,8 @@ class ModuleExchange:
                                sender[-8:])
                 return
             await self._send_result(writer, result)
-        except (WireError, asyncio.IncompleteReadError, ConnectionError) as e:
-            logger.warning("contribution from %s refused: %s", sender[-8:], e)
-        finally:
-            writer.close()
+
+        await self.guard.serve("contribute", sender, reader, writer, body)
 
     async def _refuse(self, reason: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Tell the peer why, then drop the rest of its request (a frame may follow) so that closing the
@@ -262,18 +266,6 @@ class ModuleExchange:
         await write_message(writer, {"status": "refused", "reason": reason[:200]}, b"", self.traffic)
         await discard_rest(reader, MAX_HEADER_BYTES + max(map(self._frame_limit, self.numels), default=0) + 64,
                            REFUSAL_DRAIN_S)
-
-    async def _within_rate(self, kind: str, sender: str, reader: asyncio.StreamReader,
-                           writer: asyncio.StreamWriter) -> bool:
-        """Refuse a request of a peer that exceeded its budget for this kind (before reading anything)."""
-        limiter = self.limits[kind]
-        if limiter.allow(sender):
-            return True
-        if limiter.should_log(sender):
-            logger.warning("peer %s floods %s requests: refusing them (%d refused so far)", sender, kind,
-                           limiter.refused)
-        await self._refuse("rate limited", reader, writer)
-        return False
 
     async def _admit(self, header: dict, sender: str, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> bool:
@@ -436,19 +428,15 @@ class ModuleExchange:
         return Stance.OPEN
 
     async def _on_stance(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            if not await self._within_rate("stance", sender, reader, writer):
-                return
+        async def body() -> None:
             header, _ = await read_message(reader, 0, self.traffic)
             if not await self._admit(header, sender, reader, writer):
                 return
             module, round_ = field_of(header, "module", str), field_of(header, "round", int)
             stance = self.stance(module, round_, field_of(header, "digest", str), sender)
             await write_message(writer, {"stance": stance.value}, b"", self.traffic)
-        except (WireError, asyncio.IncompleteReadError, ConnectionError) as e:
-            logger.warning("stance request from %s refused: %s", sender[-8:], e)
-        finally:
-            writer.close()
+
+        await self.guard.serve("stance", sender, reader, writer, body)
 
     async def _close_after_grace(self, key: tuple[str, int], open_round: _OpenRound) -> None:
         if not self.sync_world:
@@ -610,9 +598,7 @@ class ModuleExchange:
 
     # ---- state download ----------------------------------------------------------------------
     async def _on_state(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            if not await self._within_rate("state", sender, reader, writer):
-                return
+        async def body() -> None:
             header, _ = await read_message(reader, 0, self.traffic)
             if not await self._admit(header, sender, reader, writer):
                 return
@@ -622,13 +608,13 @@ class ModuleExchange:
             if state is None:
                 await write_message(writer, {"status": "missing"}, b"", self.traffic)
                 return
-            payload = torch.cat([state.anchor.float(), state.momentum.float()]).numpy().tobytes()
+            # Written from the state's own tensors, chunk by chunk (no copy of the whole state per request):
+            # states are replaced, never changed in place, so the bytes stay those of the digest.
+            parts = [memoryview(t.float().contiguous().numpy()).cast("B") for t in (state.anchor, state.momentum)]
             await write_message(writer, {"status": "ok", "round": state.round, "digest": state.digest,
-                                         "reducers": list(state.reducers)}, payload, self.traffic)
-        except (WireError, ConnectionError, asyncio.IncompleteReadError) as e:
-            logger.warning("state request from %s failed: %s", sender[-8:], e)
-        finally:
-            writer.close()
+                                         "reducers": list(state.reducers)}, parts, self.traffic)
+
+        await self.guard.serve("state", sender, reader, writer, body)
 
     async def fetch_state(self, peer: str, module: str, timeout_s: float) -> LocalState | None:
         """Download a module's state (round, digest as the peer says it, anchor, momentum, reducers) from a peer;

@@ -40,13 +40,14 @@ from hivemind.utils import ValueWithExpiration, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 from multiaddr import Multiaddr
 
-from pathswarm.protocol._hivemind_records import SwarmRecordValidator
+from pathswarm.protocol._hivemind_records import SwarmRecordValidator, peer_id_of_owner
+from pathswarm.protocol.records import FIXED_TTL_S, served_key
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.wire import NotServingYetError
 
 LOOPBACK_MADDRS = ("/ip4/127.0.0.1/tcp/0",)
 """Where a peer listens unless told otherwise: loopback, a free port."""
-SERVED_TTL_S = 300.0
+SERVED_TTL_S = FIXED_TTL_S
 """How long a bootstrap peer's "I serve swarm X" lasts (it renews it well before)."""
 
 
@@ -185,13 +186,18 @@ class SwarmNet:
 
     # which swarm a bootstrap peer serves: read by a joiner before anything else
     def announce_served_swarm(self, spec: SwarmSpec) -> bool:
-        """A bootstrap peer publishes the id and name of the swarm it serves (renew within SERVED_TTL_S)."""
+        """A bootstrap peer publishes the id and name of the swarm it serves (renew within SERVED_TTL_S), signed:
+        nobody else can make joiners believe it serves another swarm."""
         value = {"swarm_id": spec.swarm_id, "name": spec.name[:200]}
-        return self.store(served_key(self.peer_id), value, self.dht_time() + SERVED_TTL_S)
+        return self.store(served_key(self.peer_id), value, self.dht_time() + SERVED_TTL_S, subkey=self.owner)
 
     def served_swarm(self, peer_id: str) -> tuple[str, str] | None:
-        """(swarm id, name) a bootstrap peer announced, or None (a plain DHT peer announces nothing)."""
-        value = self.get(served_key(peer_id))
+        """(swarm id, name) a bootstrap peer announced, or None (a plain DHT peer announces nothing). Only the entry
+        signed by `peer_id` itself counts (a reader without the swarm's validator checks that here)."""
+        found = self.get(served_key(peer_id))
+        own = [v for k, v in found.items() if isinstance(k, bytes) and peer_id_of_owner(k) == peer_id] \
+            if isinstance(found, dict) else []
+        value = own[0] if len(own) == 1 else None
         if not isinstance(value, dict) or not isinstance(value.get("swarm_id"), str):
             return None
         swarm_id, name = value["swarm_id"], value.get("name")
@@ -207,11 +213,6 @@ class SwarmNet:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
-
-
-def served_key(peer_id: str) -> str:
-    """Where a bootstrap peer says which swarm it serves (outside every swarm's keys: read before joining)."""
-    return f"pathswarm/served-by/{peer_id}"
 
 
 # ---- the start chain ------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ Each request handler (joining a module round, downloading module state, fetching
 requests are refused with a one-line reply and at most one log line per peer per minute, so a flood
 costs the node a dictionary lookup per request. The table of peers is bounded: when full, the
 longest-idle half is forgotten (a forgotten peer starts again with a full bucket, which only helps it
-by `burst` requests). Pure code, no networking.
+by `burst` requests). `Slots` bounds the requests in service at once, per peer and in all. Pure code, no
+networking.
 """
 
 from __future__ import annotations
@@ -57,3 +58,36 @@ class RateLimiter:
             return False
         b.logged = now
         return True
+
+
+class Slots:
+    """Requests of one kind in service at once: at most `per_peer` for one peer and `total` in all. A request that
+    finds no free slot is refused at once: with a deadline on each request, a peer that opens requests and never
+    reads the replies holds at most `per_peer` slots, for at most the deadline."""
+
+    def __init__(self, per_peer: int, total: int):
+        if per_peer < 1 or total < per_peer:
+            raise ValueError("per_peer must be at least 1 and total at least per_peer")
+        self.per_peer, self.total = per_peer, total
+        self._busy: dict[str, int] = {}
+        self.in_use = 0
+        self.refused = 0
+        """Requests refused for want of a slot since start (all peers)."""
+
+    def take(self, peer: str) -> bool:
+        if self.in_use >= self.total or self._busy.get(peer, 0) >= self.per_peer:
+            self.refused += 1
+            return False
+        self._busy[peer] = self._busy.get(peer, 0) + 1
+        self.in_use += 1
+        return True
+
+    def give(self, peer: str) -> None:
+        left = self._busy.get(peer, 0) - 1
+        if left < 0:
+            raise ValueError(f"peer {peer[:64]} holds no slot")
+        if left:
+            self._busy[peer] = left
+        else:
+            del self._busy[peer]  # the table holds only peers in service: it is bounded by `total`
+        self.in_use -= 1

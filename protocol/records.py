@@ -36,6 +36,11 @@ MAX_HISTORY = 64
 """Most (round, loss) pairs a node's metrics carry (64 pairs stay far below MAX_RECORD_BYTES)."""
 MAX_COUNT = 1 << 62
 """Upper bound of counters (rounds, bytes, numel): keeps every integer inside int64."""
+FIXED_TTL_S = 300.0
+"""Lifetime of the records that do not depend on a spec: a bootstrap peer's served swarm, a spec server's listing
+(renewed every third of it)."""
+CLOCK_SLACK_S = 120.0
+"""How far ahead of ours another peer's clock may run (hivemind's DHT time is each machine's wall clock)."""
 
 _SWARM_ID_RE = re.compile(r"^[0-9A-Za-z_-]{1,128}$")
 _MODULE_ID_PATTERN = r"^(shared|L[0-9]{1,2}M[0-9]{1,7})$"
@@ -152,6 +157,28 @@ def claims_key(swarm_id: str) -> str:
 def metrics_key(swarm_id: str) -> str:
     """Dictionary of node metrics: one subkey per reporting peer."""
     return f"{_check_swarm_id(swarm_id)}/metrics"
+
+
+def served_key(peer_id: str) -> str:
+    """Where a bootstrap peer says which swarm it serves (outside every swarm's keys: read before joining). Only
+    the peer it names may write it (the validator checks the signing key's peer id against the key)."""
+    return f"pathswarm/served-by/{peer_id}"
+
+
+def servers_key(swarm_id: str) -> str:
+    """Dictionary of the peers that serve a swarm's spec to `--join ID` joiners: one subkey per server."""
+    return f"pathswarm/spec-servers/{swarm_id}"
+
+
+def announce_ttl_s(spec: SwarmSpec) -> float:
+    """Lifetime of a module announcement and of a node's metrics: four claim lifetimes, renewed every round."""
+    return 4 * spec.averaging.claim_ttl_s
+
+
+def max_record_ttl_s(spec: SwarmSpec) -> float:
+    """Farthest ahead of now a record of the swarm may expire: the longest lifetime honest peers write, plus clock
+    slack. Peers refuse a record that expires later (a stranger's claim once could stand until the year 5138)."""
+    return max(announce_ttl_s(spec), spec.averaging.claim_ttl_s, FIXED_TTL_S) + CLOCK_SLACK_S
 
 
 def module_key(swarm_id: str, module_id: str) -> str:

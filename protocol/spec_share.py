@@ -14,8 +14,10 @@ import logging
 import re
 from collections.abc import Iterable
 
+from pathswarm.protocol import records
 from pathswarm.protocol.net import PeerStreams, SwarmNet, dht_time
 from pathswarm.protocol.ratelimit import RateLimiter
+from pathswarm.protocol.records import FIXED_TTL_S
 from pathswarm.protocol.spec import SpecError, SwarmSpec, loads_spec
 from pathswarm.protocol.wire import WireError, read_message, write_message
 
@@ -24,7 +26,7 @@ logger = logging.getLogger(__name__)
 SPEC_HANDLER = "pathswarm.spec"
 MAX_SPEC_BYTES = 32 << 20
 """Largest spec accepted (a 256-path swarm's router centroids take ~2.6 MB of TOML)."""
-SERVER_TTL_S = 300.0
+SERVER_TTL_S = FIXED_TTL_S
 SWARM_ID_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -40,7 +42,7 @@ def check_swarm_id(text: str) -> str:
 
 
 def servers_key(swarm_id: str) -> str:
-    return f"pathswarm/spec-servers/{check_swarm_id(swarm_id)}"
+    return records.servers_key(check_swarm_id(swarm_id))
 
 
 def peer_id_of_maddr(maddr: str) -> str | None:

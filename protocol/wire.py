@@ -12,12 +12,15 @@ import asyncio
 import json
 import struct
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 MAGIC = b"PSW1"
 _PREFIX = struct.Struct("<4sIQ")
 MAX_HEADER_BYTES = 16 * 1024
+WRITE_CHUNK = 1 << 16
+"""Bytes written between two drains of a message's payload."""
 
 
 
@@ -43,20 +46,26 @@ class Traffic:
             self.received += received
 
 
-async def write_message(writer: asyncio.StreamWriter, header: dict[str, Any], payload: bytes | memoryview = b"",
+async def write_message(writer: asyncio.StreamWriter, header: dict[str, Any],
+                        payload: bytes | memoryview | Sequence[bytes | memoryview] = b"",
                         traffic: Traffic | None = None) -> None:
+    """One message; `payload` may come in parts (sent back to back, as one payload). Written chunk by chunk with a
+    drain after each, so a peer that does not read pins at most a chunk and the transport's buffer, not the
+    payload (the caller's deadline then ends the wait)."""
+    parts = [memoryview(p).cast("B") for p in ([payload] if isinstance(payload, bytes | memoryview) else payload)]
+    size = sum(len(p) for p in parts)
     head = json.dumps(header, separators=(",", ":")).encode()
     if len(head) > MAX_HEADER_BYTES:
         raise WireError(f"header of {len(head)} bytes exceeds {MAX_HEADER_BYTES}")
-    prefix = _PREFIX.pack(MAGIC, len(head), len(payload))
-    writer.write(prefix)
-    writer.write(head)
-    view = memoryview(payload)
-    for off in range(0, len(view), 1 << 16):
-        writer.write(view[off:off + (1 << 16)])
+    prefix = _PREFIX.pack(MAGIC, len(head), size)
+    writer.write(prefix + head)
+    for view in parts:
+        for off in range(0, len(view), WRITE_CHUNK):
+            writer.write(view[off:off + WRITE_CHUNK])
+            await writer.drain()
     await writer.drain()
     if traffic is not None:
-        traffic.add(sent=len(prefix) + len(head) + len(payload))
+        traffic.add(sent=len(prefix) + len(head) + size)
 
 
 async def read_message(reader: asyncio.StreamReader, max_payload: int,

@@ -24,6 +24,7 @@ import json
 import random
 import re
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -551,7 +552,8 @@ def gen_validator(rng: random.Random):
         value = packed(record_to_wire(rng.choice(RECORDS)))
     else:
         value = rng.randbytes(rng.choice([rng.randrange(300), rng.randrange(4090, 4200)]))
-    return private, model, DHTRecord(DHTID.generate(source=key).to_bytes(), owner_subkey(rng), value, NOW)
+    expires = time.time() + rng.choice([10.0, 1e6])  # the second beyond every record's lifetime cap
+    return private, model, DHTRecord(DHTID.generate(source=key).to_bytes(), owner_subkey(rng), value, expires)
 
 
 def run_validator(inp) -> str:

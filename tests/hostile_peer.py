@@ -3,7 +3,8 @@
 It joins a swarm's DHT with a fresh identity, serves a forged state of the `shared` module far ahead of the honest
 nodes (self-consistent: its digest matches its bytes), announces it on the DHT, and keeps sending the victim
 contributions that claim that later round: before docs/SECURITY.md's vouching rule, one such message made the
-victim re-sync the module from the sender. Writes a JSON report of what it sent and what the victim answered.
+victim re-sync the module from the sender, and a joiner took the newest announced state. Writes a JSON report of
+what it sent and what the victim answered.
 
     python -m tests.hostile_peer SPEC INITIAL_PEER VICTIM_STATUS_JSON REPORT_JSON SECONDS
 """
@@ -60,7 +61,8 @@ def main(spec_path: str, initial_peer: str, victim_status: str, report: str, sec
                                   lambda mid: forged if mid == MODULE else None, exchange_closer(spec))
         loop.run(exchange.start(), 30)
         announce_module(sdht, spec, ModuleAnnouncement(module_id=MODULE, round=round_, digest=digest,
-                                                       peer_id=sdht.peer_id, numel=numel), ttl_s=600)
+                                                       peer_id=sdht.peer_id, numel=numel), ttl_s=120)
+        print("announced", flush=True)  # the test starts a joiner now: the forged state is on offer
         frame = encode(torch.zeros(numel))
         answers: Counter[str] = Counter()
         end = time.monotonic() + seconds

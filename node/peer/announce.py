@@ -13,7 +13,7 @@ from pathswarm.node.peer.background import Chores
 from pathswarm.node.peer.config import NodeStatus
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import announce_module, publish_metrics
-from pathswarm.protocol.records import MAX_HISTORY, ModuleAnnouncement, NodeMetrics
+from pathswarm.protocol.records import MAX_HISTORY, ModuleAnnouncement, NodeMetrics, announce_ttl_s
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.spec_share import announce_spec_server
 
@@ -41,7 +41,7 @@ class Announcer:
             self.chores.submit("announce", job)
 
     def _publish(self, announcements: list[ModuleAnnouncement], metrics: NodeMetrics) -> None:
-        ttl = self.spec.averaging.claim_ttl_s * 4
+        ttl = announce_ttl_s(self.spec)
         try:
             for ann in announcements:
                 announce_module(self.sdht, self.spec, ann, ttl)

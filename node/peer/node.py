@@ -260,7 +260,8 @@ class Node:
         if warm and self.cfg.init_dir:
             self.sync.load_init(self.cfg.init_dir)
         self.sync.initial(ckpt, resumed=carry is not None, need_init=warm and not self.cfg.init_dir,
-                          source=f"warm start {self.cfg.init_dir}" if warm and self.cfg.init_dir else "seed")
+                          source=f"warm start {self.cfg.init_dir}" if warm and self.cfg.init_dir else "seed",
+                          holders=lambda mid: self.groups.live.get(mid, {}) if self.groups else {})
 
     def _save(self) -> None:
         if self.cfg.checkpoint_dir and self.worker is not None:
@@ -377,11 +378,7 @@ class Node:
             self._round_complete()
         for heal in self.splits.take():
             self._heal(heal)
-        for mid, peer in list(self.rounds.resync_from.items()):
-            if self.sync.download(mid, peer, keep_progress=True, expect=self.rounds.resync_expect.pop(mid, None)):
-                logger.info("re-synced %s from %s at round %d", mid, peer[-8:], self.worker.outer[mid].round)
-                self.sync.publish_local(mid)
-            self.rounds.resync_from.pop(mid)
+        self.sync.resync(self.rounds, self._holders)
 
     def _round_complete(self) -> None:
         st = self.status
@@ -395,7 +392,7 @@ class Node:
         st.bytes_sent, st.bytes_received = self.traffic.sent, self.traffic.received
         for mid in list(self.exchange.behind):
             self.exchange.behind.pop(mid, None)
-            self._resync_if_vouched(mid)
+            self.sync.behind(mid, self._holders(mid), self.rounds)
         with self.work("checkpoint"):
             self._save()
         self.partial.renew_next_step()
@@ -435,13 +432,8 @@ class Node:
         self.status.splits_healed += 1
         self.rounds.resync_from[heal.module] = heal.peer
 
-    def _resync_if_vouched(self, mid: str) -> None:
-        """A contribution claimed a later round of `mid` than ours: re-sync only to a state a majority vouches for."""
-        holders = self.groups.holders.get(mid, []) if self.groups is not None else []
-        got = self.sync.vouched(mid, holders)
-        if got is not None:
-            self.rounds.resync_from[mid] = got.peers[0]
-            self.rounds.resync_expect[mid] = (got.round, got.digest)
+    def _holders(self, mid: str) -> list[str]:
+        return self.groups.holders.get(mid, []) if self.groups is not None else []
 
     def _write_status(self) -> None:
         if self.rounds is not None:

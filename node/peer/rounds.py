@@ -55,6 +55,9 @@ class Rounds:
         self.resync_from: dict[str, str] = {}
         self.resync_expect: dict[str, tuple[int, str]] = {}
         """Module → the (round, digest) a re-sync must yield, when a majority vouched for it (node/peer/vouch.py)."""
+        self.resync_check: dict[str, str] = {}
+        """Module → the peer (a reducer) that says our state is not the group's: a hint, never a source. The node
+        re-syncs only to a state a majority of the module's holders announce (StateSync.resync)."""
         self.catch_up = False  # our last round came late: make the next chunk shorter
         self.settled_any = False  # a round settled since the last completed one
         self.abandoned = False  # a round's fate is unknown: its steps may or may not be in the swarm's anchor
@@ -67,7 +70,7 @@ class Rounds:
         tokens = self.worker.round_tokens
         timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
         for mid in self.worker.module_ids:
-            if mid in self.resync_from:
+            if mid in self.resync_from or mid in self.resync_check:
                 self.carry[mid] = self.carry.get(mid, 0) + tokens  # re-synced keeping our progress
                 continue
             st = self.worker.outer[mid]
@@ -156,10 +159,11 @@ class Rounds:
         # "behind": the reducer re-syncs itself; our outer gradient waits for the next round
 
     def _resync_later(self, mid: str, peer: str) -> None:
-        """Download `mid` from `peer` (the reducer that said the group is elsewhere) at the next poll. Not the
-        reducer of the next round: views of who reduces may differ for a moment, and it may be ourselves."""
+        """Re-sync `mid` at the next polls if a majority of its holders vouch for a state other than ours; `peer`
+        (the reducer that said the group is elsewhere) is where to download it first. Not the reducer of the next
+        round: views of who reduces may differ for a moment, and it may be ourselves."""
         if peer != self.status.peer_id:
-            self.resync_from[mid] = peer
+            self.resync_check[mid] = peer
         else:
             logger.warning("module %s: our own reducer disagrees with our state; waiting for the next round", mid)
 

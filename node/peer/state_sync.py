@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from pathswarm.node.model.model import unflatten_like
 from pathswarm.node.peer.config import NodeStatus
-from pathswarm.node.peer.vouch import Vouched, counted_peers, vouched_state
+from pathswarm.node.peer.vouch import Vouched, counted_peers, majority_state, vouched_state
 from pathswarm.node.train.checkpoint import Checkpoint, CheckpointError, ModuleState, load_checkpoint
 from pathswarm.node.train.outer import state_digest
 from pathswarm.node.train.warm_start import InitMismatchError, check_init
@@ -29,6 +30,7 @@ class StateSync:
         self.exchange, self.net, self.sdht = exchange, net, sdht
         self.local_states: dict[str, LocalState] = {}
         """Module → its state as of our last applied round: what the exchange serves and checks digests against."""
+        self._checks: dict[str, tuple[float, float]] = {}  # module → (first check, next check) of a resync_check
 
     def publish_local(self, mid: str) -> None:
         st = self.worker.outer[mid]
@@ -39,23 +41,29 @@ class StateSync:
         self.status.reducers[mid] = list(st.reducers)
 
     def initial(self, ckpt: Checkpoint | None, resumed: bool, need_init: bool = False,
-                source: str = "seed") -> None:
-        """Newest state of every module: from a peer, else our checkpoint (already restored), else `source` (the seed
-        init, or the warm start's round 0 loaded from --init). A round we resumed stays on top of a newer anchor, as
-        after a re-sync. `need_init`: the spec names a warm start we do not hold: a peer must give us some round of
-        every module (its round 0 checked against the spec's digests), within the averaging timeout."""
+                source: str = "seed", holders: Callable[[str], dict[str, int]] = lambda mid: {}) -> None:
+        """Newest state of every module that the swarm vouches for: from a peer, else our checkpoint (already
+        restored), else `source` (the seed init, or the warm start's round 0 loaded from --init). A round we resumed
+        stays on top of a newer anchor, as after a re-sync. `need_init`: the spec names a warm start we do not hold: a
+        peer must give us some round of every module (round 0 checked against the spec's digests), within the
+        averaging timeout. `holders(mid)`: the module's holders in the claims → the round each claims.
+
+        No state on one peer's word (docs/SECURITY.md): a later round is adopted only if a strict majority of the
+        module's claim holders that announce it (those that claim a trained round, when some do) announce the same
+        (round, digest), and the bytes hash to it; announcements of one module can lag a round behind each other, so
+        we look again for up to a grace window before starting from what we have (a "behind" answer in our first
+        round re-syncs us then, by the same rule)."""
         deadline = time.monotonic() + self.spec.averaging.timeout_s
+        patience = time.monotonic() + self.spec.averaging.grace_s
         for mid in self.worker.module_ids:
             got = ""
             while True:
-                for ann in ([] if self.sdht is None else read_module_holders(self.sdht, self.spec, mid)):
-                    if ann.peer_id == self.sdht.peer_id or ann.round < self.worker.outer[mid].round or (
-                            ann.round == self.worker.outer[mid].round and not need_init):
-                        break
-                    if self.download(mid, ann.peer_id, keep_progress=resumed):
-                        got = f"peer {ann.peer_id[-8:]} round {self.worker.outer[mid].round}"
-                        break
-                if got or not need_init:
+                anns = [] if self.sdht is None else read_module_holders(self.sdht, self.spec, mid)
+                got = self._adopt_vouched(mid, anns, holders(mid), resumed)
+                if not got and need_init:
+                    got = self._adopt_round0(mid, anns)
+                ahead = any(a.round > self.worker.outer[mid].round for a in anns if a.peer_id != self.status.peer_id)
+                if got or not (need_init or (ahead and time.monotonic() < patience)):
                     break
                 if self.sdht is None or time.monotonic() > deadline:
                     raise InitMismatchError(
@@ -66,6 +74,25 @@ class StateSync:
             self.publish_local(mid)
             logger.info("module %s from %s", mid, got or (source if ckpt is None else
                                                           f"checkpoint round {ckpt.modules[mid].round}"))
+
+    def _adopt_vouched(self, mid: str, anns, claimed: dict[str, int], resumed: bool) -> str:
+        me, mine = self.status.peer_id, self.worker.outer[mid]
+        seasoned = {p for p, r in claimed.items() if r > 0}
+        got = vouched_state([(a.peer_id, a.round, a.digest) for a in anns], me, mine.round,
+                            counted_peers(seasoned, claimed, me))
+        if got is None:
+            return ""
+        for peer in got.peers:
+            if self.download(mid, peer, keep_progress=resumed, expect=(got.round, got.digest)):
+                return f"peer {peer[-8:]} round {got.round} (announced by {len(got.peers)} of its holders)"
+        return ""
+
+    def _adopt_round0(self, mid: str, anns) -> str:
+        """A warm start's round 0 from any announcer: its bytes must hash to the spec's digest (`download`)."""
+        for a in anns:
+            if a.peer_id != self.status.peer_id and a.round == 0 and self.download(mid, a.peer_id):
+                return f"peer {a.peer_id[-8:]} round 0 (the spec's digest)"
+        return ""
 
     def load_init(self, init_dir: str) -> None:
         """Round 0 of a warm-started swarm from `init_dir` (`--init`), every module checked against the spec."""
@@ -79,14 +106,57 @@ class StateSync:
 
     def vouched(self, mid: str, claim_holders: list[str]) -> Vouched | None:
         """The later state of `mid` a strict majority of its counted holders announce (node/peer/vouch.py), or None."""
-        me, mine = self.status.peer_id, self.worker.outer[mid]
+        announced, me, counted = self._announced(mid, claim_holders)
+        return vouched_state(announced, me, self.worker.outer[mid].round, counted)
+
+    def _announced(self, mid: str, claim_holders: list[str]) -> tuple[list[tuple[str, int, str]], str, set[str]]:
+        """(announcements of `mid`, us, the peers whose announcements count)."""
+        me = self.status.peer_id
         announced = [(a.peer_id, a.round, a.digest) for a in read_module_holders(self.sdht, self.spec, mid)]
         merged = {p for members in self.status.groups.get(mid, {}).values() for p in members}
-        got = vouched_state(announced, me, mine.round, counted_peers(merged, claim_holders, me))
+        return announced, me, counted_peers(merged, claim_holders, me)
+
+    def behind(self, mid: str, claim_holders: list[str], rounds) -> None:
+        """A contribution claimed a later round of `mid` than ours: re-sync only to a state a majority vouches for."""
+        got = self.vouched(mid, claim_holders)
         if got is None:
             logger.warning("module %s: a peer says our round %d is behind, but no majority of the module's holders "
-                           "announces a later state; not re-syncing", mid, mine.round)
-        return got
+                           "announces a later state; not re-syncing", mid, self.worker.outer[mid].round)
+            return
+        rounds.resync_from[mid] = got.peers[0]
+        rounds.resync_expect[mid] = (got.round, got.digest)
+
+    def resync(self, rounds, holders: Callable[[str], list[str]]) -> None:
+        """The re-syncs the rounds asked for. A reducer's word that we are out of sync (`rounds.resync_check`) is
+        checked against the module's announcements once a second (they land as the group's members finish the
+        round) until a majority vouches for another state, or for one averaging timeout: then we keep ours."""
+        now = time.monotonic()
+        for mid, hint in list(rounds.resync_check.items()):
+            since, next_try = self._checks.setdefault(mid, (now, now))
+            if now < next_try:
+                continue
+            mine = self.worker.outer[mid]
+            got = majority_state(*self._announced(mid, holders(mid)))
+            ours = got is not None and (got.round, got.digest) == (mine.round, mine.digest())
+            # No majority yet, or announcements a round behind ours: look again. A majority that announces our own
+            # state may still be finishing the round we missed: one grace window, then we believe it.
+            patience = self.spec.averaging.grace_s if ours else self.spec.averaging.timeout_s
+            if (ours or got is None or got.round < mine.round) and now - since < patience:
+                self._checks[mid] = (since, now + 1.0)
+                continue
+            del rounds.resync_check[mid], self._checks[mid]
+            if ours or got is None or got.round < mine.round:
+                logger.warning("module %s: our reducer says our state is not the group's, but %s; keeping ours", mid,
+                               "a majority of the module's holders announces ours" if ours else "no majority "
+                               "of the module's holders announces another")
+                continue
+            rounds.resync_from[mid] = hint if hint in got.peers else got.peers[0]
+            rounds.resync_expect[mid] = (got.round, got.digest)
+        for mid, peer in list(rounds.resync_from.items()):
+            if self.download(mid, peer, keep_progress=True, expect=rounds.resync_expect.pop(mid, None)):
+                logger.info("re-synced %s from %s at round %d", mid, peer[-8:], self.worker.outer[mid].round)
+                self.publish_local(mid)
+            rounds.resync_from.pop(mid)
 
     def download(self, mid: str, peer: str, keep_progress: bool = False,
                  expect: tuple[int, str] | None = None) -> bool:

@@ -24,12 +24,9 @@ class Vouched:
     """Who announces it (sorted): where to download it from."""
 
 
-def vouched_state(announced: Iterable[tuple[str, int, str]], me: str, my_round: int,
-                  counted: Collection[str]) -> Vouched | None:
-    """(peer, round, digest) announcements of one module → the state to re-sync to, or None.
-
-    Only announcers in `counted` count (never ourselves); the most announced (round, digest) must be held by more
-    than half of them and be newer than `my_round`."""
+def majority_state(announced: Iterable[tuple[str, int, str]], me: str, counted: Collection[str]) -> Vouched | None:
+    """(peer, round, digest) announcements of one module → the (round, digest) that more than half of the announcers
+    in `counted` (never ourselves) hold, each at its latest announcement; None if none has a strict majority."""
     latest: dict[str, tuple[int, str]] = {}
     for peer, round_, digest in announced:
         if peer != me and peer in counted and round_ >= latest.get(peer, (-1, ""))[0]:
@@ -40,9 +37,18 @@ def vouched_state(announced: Iterable[tuple[str, int, str]], me: str, my_round: 
     for peer, state in latest.items():
         tally.setdefault(state, []).append(peer)
     (round_, digest), peers = max(tally.items(), key=lambda kv: (len(kv[1]), kv[0][0], kv[0][1]))
-    if 2 * len(peers) <= len(latest) or round_ <= my_round:
+    return Vouched(round_, digest, tuple(sorted(peers))) if 2 * len(peers) > len(latest) else None
+
+
+def vouched_state(announced: Iterable[tuple[str, int, str]], me: str, my_round: int,
+                  counted: Collection[str], my_digest: str | None = None) -> Vouched | None:
+    """The state to re-sync to, or None: the majority's (`majority_state`) if it is newer than `my_round`, or, given
+    `my_digest` (a group said our replica differs), at `my_round` with another digest."""
+    got = majority_state(announced, me, counted)
+    if got is None:
         return None
-    return Vouched(round_, digest, tuple(sorted(peers)))
+    other = got.round > my_round or (my_digest is not None and got.round == my_round and got.digest != my_digest)
+    return got if other else None
 
 
 def counted_peers(merged_with: Iterable[str], claim_holders: Iterable[str], me: str) -> set[str]:

@@ -41,8 +41,11 @@ from pathswarm.protocol.records import (
     NodeMetrics,
     PathClaim,
     claims_key,
+    max_record_ttl_s,
     module_key,
     record_to_wire,
+    served_key,
+    servers_key,
 )
 from pathswarm.protocol.spec import SwarmSpec
 
@@ -148,9 +151,9 @@ def test_swarm_record_validator_without_a_network():
     validator = CompositeValidator([RSASignatureValidator(key), SwarmRecordValidator(SPEC)])
     claim = PathClaim(path=(0, 1), peer_id=peer_id_of_owner(owner), tokens_per_s=1.0, round=0, expires_at=5.0)
 
-    def record(value, subkey=owner, key=KEY):
+    def record(value, subkey=owner, key=KEY, expires=10.0):
         raw = DHTRecord(DHTID.generate(source=key).to_bytes(), MSGPackSerializer.dumps(subkey),
-                        MSGPackSerializer.dumps(value), 10.0)
+                        MSGPackSerializer.dumps(value), expires)
         return dataclasses.replace(raw, value=validator.sign_value(raw))
 
     assert validator.validate(record(record_to_wire(claim)))
@@ -160,7 +163,22 @@ def test_swarm_record_validator_without_a_network():
     assert not validator.validate(record({**record_to_wire(claim), "path": [0, 2]}))  # off the spec
     assert not validator.validate(record(b"\x00" * 5000))
     assert not validator.validate(record(record_to_wire(claim), key=module_key(SPEC.swarm_id, "L0M0")))
-    assert validator.validate(record(b"anything", subkey=b"x", key="not-our-key"))  # not the swarm's
+    # DHT hygiene (docs/SECURITY.md, "DHT writer"): nothing outside the swarm, nothing that outlives its use
+    assert not validator.validate(record(b"anything", key="not-our-key"))
+    assert not validator.validate(record(b"anything", subkey=b"x", key="not-our-key"))
+    longest = max_record_ttl_s(SPEC)
+    assert validator.validate(record(record_to_wire(claim), expires=get_dht_time() + longest - 5))
+    assert not validator.validate(record(record_to_wire(claim), expires=get_dht_time() + longest + 5))
+    assert not validator.validate(record(record_to_wire(claim), expires=1e11))  # the year 5138
+    me, stranger = peer_id_of_owner(owner), "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+    served = {"swarm_id": "0" * 64, "name": "x"}
+    assert validator.validate(record(served, key=served_key(me)))
+    assert not validator.validate(record(served, key=served_key(stranger)))  # another peer's served swarm
+    assert not validator.validate(record(served, subkey=b"x", key=served_key(me)))  # unsigned
+    assert not validator.validate(record("not a dict", key=served_key(me)))
+    assert validator.validate(record(me, key=servers_key(SPEC.swarm_id)))
+    assert not validator.validate(record(stranger, key=servers_key(SPEC.swarm_id)))  # must name its signer
+    assert not validator.validate(record(me, key=servers_key("1" * 64)))  # another swarm's
 
 
 def test_bad_records_read_are_dropped_with_one_log_line_each(caplog):

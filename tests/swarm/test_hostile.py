@@ -1,6 +1,8 @@
-"""Hostile peers against real nodes on 127.0.0.1 (docs/SECURITY.md): each attack fails, honest replicas agree.
+"""Hostile peers against real nodes on 127.0.0.1 (docs/SECURITY.md): each attack fails, honest replicas agree and
+learn as well as in a clean run of the same swarm (validation loss within its run-to-run spread).
 
-The hostile behaviour lives in tests/hostile_peer.py, a separate process that speaks the protocol.
+The hostile behaviour lives in separate processes that speak the protocol: tests/hostile_peer.py (forged state,
+claimed later rounds) and tests/hostile_dht.py (DHT records honest peers must refuse).
 """
 
 import json
@@ -11,47 +13,137 @@ import pytest
 
 from pathswarm.node.app.local_swarm import LocalSwarm
 from pathswarm.node.app.replicas import replica_mismatches
-from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec
+from pathswarm.protocol.dht import peer_id_of_owner
+from pathswarm.protocol.net import start_net
+from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, load_spec
 
 from ..conftest import tiny_spec
 
 pytestmark = pytest.mark.timeout(240)
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+PATHS = {"a": "0.0", "b": "0.1"}  # both hold `shared` and L0M0
+ROUNDS = 10
+# Honest loss may end at most this much above the clean run's, node by node. Three clean runs of this 10-round swarm
+# ended node a at 2.346, 2.241 and 2.148 (b: 2.349, 2.357, 2.335): where the overlapped outer step lands in the next
+# round's inner steps depends on network timing, so one run of each is no finer than ~10 %. A forged state (anchor
+# 1e3) ends far above it; the 2 % goal is measured over longer, repeated runs by benchmarks/hostile.py.
+LOSS_TOLERANCE = 0.10
 
 
-def test_a_peer_claiming_a_later_round_cannot_replace_a_modules_state(tmp_path):
-    spec = tiny_spec().replace(inner=InnerOptSpec(steps=10, batch_size=4, warmup_steps=2),
+def hostile_spec():
+    return tiny_spec().replace(inner=InnerOptSpec(steps=10, batch_size=4, warmup_steps=2),
                                averaging=AveragingSpec(grace_s=3.0, timeout_s=10.0, claim_ttl_s=8.0))
+
+
+def start_swarm(tmp_path) -> tuple[LocalSwarm, str]:
     spec_path = tmp_path / "swarm.toml"
-    spec_path.write_text(spec.to_toml())
+    spec_path.write_text(hostile_spec().to_toml())
     swarm = LocalSwarm(spec_path, tmp_path / "swarm")
+    swarm.start_bootstrap()
+    for i, (name, path) in enumerate(PATHS.items()):
+        swarm.start_node(name, path=path, max_rounds=ROUNDS, seed=i,
+                         extra=["--wait-peers", "2", "--max-tokens-per-s", "1280"])
+    return swarm, str(spec_path)
+
+
+def finish(swarm: LocalSwarm) -> dict[str, dict]:
+    """Wait for the nodes' last round; their final status files, checked for agreeing replicas."""
+    codes = swarm.wait_nodes(list(PATHS), timeout_s=150)
+    assert codes == dict.fromkeys(PATHS, 0), [swarm.tail(n, 10) for n in PATHS]
+    st = {n: swarm.status(n) for n in PATHS}
+    mismatches, compared = replica_mismatches(list(st.values()))
+    assert not mismatches and compared >= 10, (mismatches, compared)
+    return st
+
+
+@pytest.fixture(scope="module")
+def clean_loss(tmp_path_factory) -> dict[str, float]:
+    """Each node's final validation loss in the same swarm with nobody hostile in it."""
+    swarm, _ = start_swarm(tmp_path_factory.mktemp("clean"))
     try:
-        swarm.start_bootstrap()
-        paths = {"a": "0.0", "b": "0.1"}  # both hold `shared` and L0M0
-        for i, (name, path) in enumerate(paths.items()):
-            swarm.start_node(name, path=path, max_rounds=10, seed=i,
-                             extra=["--wait-peers", "2", "--max-tokens-per-s", "1280"])
-        report = tmp_path / "hostile.json"
-        hostile = subprocess.run(
-            [sys.executable, "-m", "tests.hostile_peer", str(spec_path), swarm.maddr,
-             str(swarm.node_files("a")["status.json"]), str(report), "12"],
-            cwd=ROOT, capture_output=True, text=True, timeout=180)
-        assert hostile.returncode == 0, hostile.stderr[-3000:]
-        codes = swarm.wait_nodes(list(paths), timeout_s=150)
-        assert codes == {"a": 0, "b": 0}, [swarm.tail(n, 10) for n in paths]
+        st = finish(swarm)
+    finally:
+        swarm.close()
+    return {n: s["val_loss_after"] for n, s in st.items()}
+
+
+def assert_learned_as_clean(st: dict[str, dict], clean: dict[str, float]) -> None:
+    for n, s in st.items():
+        assert s["val_loss_after"] < s["val_loss_before"] - 0.5, (n, s)
+        assert s["val_loss_after"] <= (1 + LOSS_TOLERANCE) * clean[n], (n, s["val_loss_after"], clean)
+
+
+def test_a_peer_claiming_a_later_round_cannot_replace_a_modules_state(tmp_path, clean_loss):
+    """The hostile peer serves a forged `shared` 50 rounds ahead, announces it, and sends the victim contributions
+    claiming that round; meanwhile a node joins (it used to take the newest announced state: the forged one)."""
+    swarm, spec_path = start_swarm(tmp_path)
+    try:
+        report, errors = tmp_path / "hostile.json", tmp_path / "hostile.err"
+        with open(errors, "w") as err:  # a file, not a pipe: nothing blocks the hostile process while we wait
+            hostile = subprocess.Popen(
+                [sys.executable, "-m", "tests.hostile_peer", spec_path, swarm.maddr,
+                 str(swarm.node_files("a")["status.json"]), str(report), "12"],
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            assert hostile.stdout.readline().strip() == "announced", errors.read_text()[-3000:]
+            swarm.start_node("c", path="1.0", max_rounds=3, seed=2, extra=["--max-tokens-per-s", "1280"])
+            joined = swarm.wait_ready("c")
+            assert hostile.wait(timeout=180) == 0, errors.read_text()[-3000:]
+        finally:
+            hostile.kill()
+        st = finish(swarm)
         attack = json.loads(report.read_text())
-        st = {n: swarm.status(n) for n in paths}
-        mismatches, compared = replica_mismatches(list(st.values()))
-        assert not mismatches and compared >= 10, (mismatches, compared)
-        for s in st.values():
+        assert swarm.wait_nodes(["c"], timeout_s=120) == {"c": 0}, swarm.tail("c", 10)
+        st_c = swarm.status("c")
+        for s in [*st.values(), st_c]:
             assert attack["forged_digest"] not in s["history"].get("shared", {}).values()
             assert s["module_rounds"]["shared"] < attack["forged_round"]
-            assert s["val_loss_after"] < s["val_loss_before"] - 0.5, s
+        joiner_log = (tmp_path / "swarm" / "c.log").read_text()
+        assert f"round {attack['forged_round']}" not in joiner_log and joined["peer_id"] == st_c["peer_id"]
+        assert_learned_as_clean(st, clean_loss)
         # The attack was delivered: the victim read the claimed later round and answered "behind", the answer on which
         # it used to re-sync from the sender; it never took the forged round as its own (with the old rule it did,
         # then merged the hostile peer's next contributions "alone" at round 51: checked by reverting the rule).
         assert attack["answers"].get("behind", 0) >= 3 and set(attack["answers"]) <= {"behind", "failed"}, attack
         assert "not re-syncing" in (tmp_path / "swarm" / "a.log").read_text()
+    finally:
+        swarm.close()
+
+
+def test_a_stranger_cannot_store_junk_squat_claims_or_disown_the_bootstrap_peer(tmp_path, clean_loss):
+    """tests/hostile_dht.py writes, while the swarm trains, a key outside the swarm, a claim that would outlive every
+    TTL, an oversized announcement and two forgeries of the bootstrap peer's served swarm, then leaves. A reader that
+    checks signatures only then sees what honest peers stored: none of it (with the validator before SECURITY.md's
+    DHT hygiene, the junk, the claim and the unsigned forgery were stored, and joiners refused the bootstrap peer as
+    serving "another swarm")."""
+    swarm, spec_path = start_swarm(tmp_path)
+    spec = load_spec(spec_path)
+    try:
+        for name in PATHS:
+            swarm.wait_ready(name)
+        report = tmp_path / "hostile-dht.json"
+        hostile = subprocess.run([sys.executable, "-m", "tests.hostile_dht", spec_path, swarm.maddr, str(report)],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert hostile.returncode == 0, hostile.stderr[-3000:]
+        attack = json.loads(report.read_text())
+        bootstrap = swarm.maddr.rsplit("/p2p/", 1)[1]
+        reader = start_net([swarm.maddr])  # no swarm validator: it sees what the honest peers hold
+        try:
+            for name, a in attack["attacks"].items():
+                found = reader.get(a["key"])
+                owners = {peer_id_of_owner(k) if isinstance(k, bytes) else None: v
+                          for k, v in (found.items() if isinstance(found, dict) else [])}
+                assert attack["peer_id"] not in owners, (name, found)
+                if name.startswith("served"):  # only the bootstrap peer's own, signed record stands
+                    assert set(owners) == {bootstrap}, (name, found)
+                else:
+                    assert found is None or isinstance(found, dict), (name, found)
+            assert reader.served_swarm(bootstrap)[0] == spec.swarm_id
+        finally:
+            reader.shutdown()
+        joiner = start_net([swarm.maddr], spec=spec)  # raised WrongSwarmError when the forgery stood
+        joiner.shutdown()
+        assert_learned_as_clean(finish(swarm), clean_loss)
     finally:
         swarm.close()

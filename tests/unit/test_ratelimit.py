@@ -53,3 +53,85 @@ def test_a_node_refuses_a_flood_of_state_requests_and_still_serves_others():
     assert [s["status"] for s in statuses[:16]] == ["ok"] * 16  # the burst
     assert all(s == {"status": "refused", "reason": "rate limited"} for s in statuses[16:40])
     assert statuses[40]["status"] == "ok" and refused == 24
+
+
+def test_slots_bound_requests_in_service_per_peer_and_in_all():
+    from pathswarm.protocol.ratelimit import Slots
+
+    s = Slots(per_peer=2, total=3)
+    assert [s.take("a"), s.take("a"), s.take("a")] == [True, True, False]  # a's two slots
+    assert s.take("b") and not s.take("c")  # all three in use
+    s.give("a")
+    assert s.take("c") and s.in_use == 3 and s.refused == 2
+    for peer in ("a", "b", "c"):
+        s.give(peer)
+    assert s.in_use == 0 and s._busy == {}  # the table keeps only peers in service
+    with pytest.raises(ValueError):
+        s.give("a")
+
+
+class StalledSink:
+    """A writer whose peer never reads: every drain after the first `free` bytes waits forever."""
+
+    def __init__(self, free: int = 0):
+        import asyncio
+
+        self.data, self.free, self.closed = bytearray(), free, False
+        self._never = asyncio.Event()
+
+    def write(self, data) -> None:
+        self.data += bytes(data)
+
+    async def drain(self) -> None:
+        if len(self.data) > self.free:
+            await self._never.wait()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_peer_that_never_reads_a_state_holds_one_slot_a_chunk_and_only_until_the_deadline():
+    """docs/SECURITY.md, "RPC caller": each unread state request used to pin a whole copy of the state (245 MB for a
+    25M-parameter module) for as long as the peer kept the stream open."""
+    import asyncio
+    import dataclasses
+
+    import torch
+
+    from pathswarm.node.peer.rounds import exchange_closer
+    from pathswarm.protocol.exchange import LocalState, ModuleExchange
+    from pathswarm.protocol.wire import WRITE_CHUNK
+
+    from ..fuzzing import XSPEC, Sink, message, read, reader_of
+
+    numel = 200_000  # 1.6 MB of state: 24 chunks
+    state = LocalState(3, "d0" * 8, torch.linspace(-1, 1, numel), torch.zeros(numel))
+    request = message({"module": "shared"})
+
+    async def go():
+        ex = ModuleExchange(XSPEC, None, "me", {"shared": numel}, lambda m: state, exchange_closer(XSPEC))
+        ex.guard.budgets["state"] = dataclasses.replace(ex.guard.budgets["state"], deadline_s=0.5)
+        stalled = StalledSink()
+        first = asyncio.create_task(ex._on_state("QmSlow", reader_of(request), stalled))
+        await asyncio.sleep(0.1)
+        again, other = Sink(), Sink()
+        await ex._on_state("QmSlow", reader_of(request), again)  # its one slot is taken
+        await ex._on_state("QmOther", reader_of(request), other)  # others are served meanwhile
+        busy_while_stalled = ex.guard.slots["state"].in_use
+        await asyncio.wait_for(first, 5.0)  # cut at the deadline
+        after = Sink()
+        await ex._on_state("QmSlow", reader_of(request), after)  # its slot is free again
+        return ex, stalled, again, other, after, busy_while_stalled
+
+    ex, stalled, again, other, after, busy = asyncio.run(go())
+    assert len(stalled.data) <= 64 + 200 + WRITE_CHUNK and stalled.closed  # a chunk, not the state
+    assert ex.guard.cut == 1 and busy == 1 and ex.guard.slots["state"].in_use == 0
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(read(bytes(again.data), 0))[0] == {"status": "refused", "reason": "busy"}
+        for sink in (other, after):
+            header, payload = loop.run_until_complete(read(bytes(sink.data), 8 * numel))
+            assert header["status"] == "ok" and header["round"] == 3
+            assert payload == torch.cat([state.anchor, state.momentum]).numpy().tobytes()
+    finally:
+        loop.close()

@@ -1,7 +1,7 @@
 """Which announced state a node that is told it is behind may adopt (node/peer/vouch.py): a majority's, never one
 peer's."""
 
-from pathswarm.node.peer.vouch import Vouched, counted_peers, vouched_state
+from pathswarm.node.peer.vouch import Vouched, counted_peers, majority_state, vouched_state
 
 HONEST = {"a", "b", "c"}
 
@@ -33,3 +33,17 @@ def test_nothing_newer_than_ours_and_our_own_voice_are_ignored():
 def test_counted_peers_are_those_we_merged_with_else_the_claims():
     assert counted_peers({"a", "b", "me"}, {"a", "b", "c", "evil"}, "me") == {"a", "b"}
     assert counted_peers(set(), {"a", "me"}, "me") == {"a"}
+
+
+def test_a_group_that_says_our_replica_differs_is_followed_only_with_a_majority_behind_it():
+    """An `out_of_sync` answer or a digest mismatch names our own round: the majority's other digest at that round is
+    adopted, our own digest or a minority's is not."""
+    group = [("a", 5, "g5"), ("b", 5, "g5"), ("c", 5, "mine")]
+    assert vouched_state(group, "me", 5, HONEST, my_digest="mine") == Vouched(5, "g5", ("a", "b"))
+    assert vouched_state(group, "me", 5, HONEST) is None  # without my_digest only later rounds move us
+    assert vouched_state([("a", 5, "mine"), ("b", 5, "mine"), ("c", 5, "g5")], "me", 5, HONEST, "mine") is None
+    assert vouched_state([("a", 5, "g5"), ("b", 4, "d4"), ("c", 5, "x")], "me", 5, HONEST, "mine") is None
+    # the majority's state itself, whatever ours: what StateSync.resync compares with our own
+    assert majority_state([("a", 5, "mine"), ("b", 5, "mine"), ("c", 6, "z")], "me", HONEST) == Vouched(
+        5, "mine", ("a", "b"))
+    assert majority_state([("a", 5, "p"), ("b", 6, "q")], "me", HONEST) is None
