@@ -182,12 +182,13 @@ class ModuleExchange:
         # A member sends one contribution per module per round and downloads a module's state when it joins or
         # re-syncs: these budgets are far above that, and far below what a flood would need.
         # Deadlines: a contribution waits for its round (grace window, and up to the timeout in sync mode); a state
-        # download gets the time its downloader waits (fetch_state); per peer, one state in service at a time.
+        # download gets the time its downloader waits (fetch_state); per peer, two states in service at a time (a
+        # refused request keeps its slot while its rest is drained: a retry right after it must still get one).
         avg = spec.averaging
         self.guard = Guard({
             "contribute": Budget(4.0, 32, per_peer=2 * len(numels) + 2, total=1024,
                                  deadline_s=avg.grace_s + avg.timeout_s + 30),
-            "state": Budget(1.0, 16, per_peer=1, total=8, deadline_s=avg.timeout_s + 5),
+            "state": Budget(1.0, 16, per_peer=2, total=8, deadline_s=avg.timeout_s + 5),
             "stance": Budget(4.0, 32, per_peer=2 * len(numels) + 2, total=1024, deadline_s=STANCE_TIMEOUT_S + 5)},
             self._refuse)
         self.limits = self.guard.limits

@@ -90,7 +90,7 @@ class StalledSink:
         self.closed = True
 
 
-def test_a_peer_that_never_reads_a_state_holds_one_slot_a_chunk_and_only_until_the_deadline():
+def test_a_peer_that_never_reads_a_state_holds_its_slots_a_chunk_and_only_until_the_deadline():
     """docs/SECURITY.md, "RPC caller": each unread state request used to pin a whole copy of the state (245 MB for a
     25M-parameter module) for as long as the peer kept the stream open."""
     import asyncio
@@ -111,21 +111,21 @@ def test_a_peer_that_never_reads_a_state_holds_one_slot_a_chunk_and_only_until_t
     async def go():
         ex = ModuleExchange(XSPEC, None, "me", {"shared": numel}, lambda m: state, exchange_closer(XSPEC))
         ex.guard.budgets["state"] = dataclasses.replace(ex.guard.budgets["state"], deadline_s=0.5)
-        stalled = StalledSink()
-        first = asyncio.create_task(ex._on_state("QmSlow", reader_of(request), stalled))
+        stalled = [StalledSink() for _ in range(2)]
+        first = [asyncio.create_task(ex._on_state("QmSlow", reader_of(request), s)) for s in stalled]
         await asyncio.sleep(0.1)
         again, other = Sink(), Sink()
-        await ex._on_state("QmSlow", reader_of(request), again)  # its one slot is taken
+        await ex._on_state("QmSlow", reader_of(request), again)  # its two slots are taken
         await ex._on_state("QmOther", reader_of(request), other)  # others are served meanwhile
         busy_while_stalled = ex.guard.slots["state"].in_use
-        await asyncio.wait_for(first, 5.0)  # cut at the deadline
+        await asyncio.wait_for(asyncio.gather(*first), 5.0)  # cut at the deadline
         after = Sink()
         await ex._on_state("QmSlow", reader_of(request), after)  # its slot is free again
         return ex, stalled, again, other, after, busy_while_stalled
 
     ex, stalled, again, other, after, busy = asyncio.run(go())
-    assert len(stalled.data) <= 64 + 200 + WRITE_CHUNK and stalled.closed  # a chunk, not the state
-    assert ex.guard.cut == 1 and busy == 1 and ex.guard.slots["state"].in_use == 0
+    assert all(len(s.data) <= 64 + 200 + WRITE_CHUNK and s.closed for s in stalled)  # a chunk, not the state
+    assert ex.guard.cut == 2 and busy == 2 and ex.guard.slots["state"].in_use == 0
     loop = asyncio.new_event_loop()
     try:
         assert loop.run_until_complete(read(bytes(again.data), 0))[0] == {"status": "refused", "reason": "busy"}
