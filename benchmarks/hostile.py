@@ -1,0 +1,177 @@
+"""Hostile peers against a longer swarm than the tests' (issue 17, docs/SECURITY.md): honest loss against a clean
+run, rounds lost, bytes on the wire, replica agreement.
+
+A bootstrap peer and two honest node processes on 127.0.0.1 (paths 0.0 and 0.1 of a 2x2 spec: both hold `shared`
+and `L0M0`; H = 10, paced to 5 inner steps a second) train `--rounds` rounds in each arm, `--repeats` times; a
+third node (path 1.0: it shares `shared`) joins a third of the way in and trains a third as many rounds. Arms:
+- `clean`: nobody hostile;
+- `forged-state`: tests/hostile_peer.py serves a forged `shared` 50 rounds ahead (anchor 1e3, self-consistent
+  digest), announces it, and sends node a contributions claiming that round for the whole run (before the vouching
+  rule both the victim and the node that joins mid-run adopted the forged state);
+- `dht-stuffing`: tests/hostile_dht.py, every 5 s, writes a key outside the swarm, a claim that expires in four
+  months, an oversized announcement and two forgeries of the bootstrap peer's served swarm.
+Contributions with bounded, scaled, sign-flipped, NaN or wrong-shape outer gradients are measured by
+benchmarks/byzantine.py on the node's round rule (a simulator: it needs no network to show the screen's effect).
+
+Per arm and honest node: final validation loss (mean over repeats, and each repeat), its ratio to the clean arm,
+rounds failed, bytes sent + received, replica mismatches, exit codes. JSON + a PNG of the ratios.
+
+    python benchmarks/hostile.py                          # ≈ 12 min on 2 cores
+    python benchmarks/hostile.py --rounds 10 --repeats 1  # a quick look
+
+Goal (issue 17): each attack's honest loss within 2 % of the clean run's, replicas identical, no node crashed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from _swarm_common import REPO, arguments, machine, read_json, save_plot, write_json
+
+from pathswarm.node.app.local_swarm import LocalSwarm
+from pathswarm.node.app.replicas import replica_mismatches
+from pathswarm.node.app.swarm_init import init_spec
+from pathswarm.node.model.data import synthetic_corpus
+from pathswarm.protocol.spec import AveragingSpec, DataSpec, InnerOptSpec, ModelSpec, SwarmSpec
+
+H, STEPS_PER_S, BATCH, CONTEXT = 10, 5, 4, 32
+HONEST = {"a": "0.0", "b": "0.1"}
+ARMS = ("clean", "forged-state", "dht-stuffing")
+GOAL = 0.02
+
+
+def spec_text() -> str:
+    base = SwarmSpec(name="hostile-bench", levels=(2, 2),
+                     model=ModelSpec(width=32, base_width=32, n_heads=2, layers_per_module=1, context_len=CONTEXT),
+                     inner=InnerOptSpec(steps=H, batch_size=BATCH, warmup_steps=2), data=DataSpec(corpus="synthetic"),
+                     averaging=AveragingSpec(grace_s=3.0, timeout_s=10.0, claim_ttl_s=8.0))
+    return init_spec(base, synthetic_corpus(200, seed=0)).to_toml()
+
+
+def pace() -> list[str]:
+    return ["--max-tokens-per-s", str(STEPS_PER_S * BATCH * CONTEXT)]
+
+
+def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
+    spec_path = workdir / "swarm.toml"
+    spec_path.write_text(spec_text())
+    hostile: subprocess.Popen | None = None
+    stop = threading.Event()
+    with LocalSwarm(spec_path, workdir / "run") as swarm:
+        swarm.start_bootstrap()
+        for i, (name, path) in enumerate(HONEST.items()):
+            swarm.start_node(name, path=path, max_rounds=rounds, seed=i, extra=["--wait-peers", "2", *pace()])
+        for name in HONEST:
+            swarm.wait_ready(name)
+        if arm == "forged-state":
+            seconds = rounds * H / STEPS_PER_S + 30
+            hostile = subprocess.Popen(
+                [sys.executable, "-m", "tests.hostile_peer", str(spec_path), swarm.maddr,
+                 str(swarm.node_files("a")["status.json"]), str(workdir / "hostile.json"), str(seconds)],
+                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            if hostile.stdout.readline().strip() != "announced":
+                raise SystemExit("the hostile peer did not start")
+        elif arm == "dht-stuffing":
+            def stuff() -> None:
+                while not stop.wait(5.0):
+                    subprocess.run([sys.executable, "-m", "tests.hostile_dht", str(spec_path), swarm.maddr,
+                                    str(workdir / "hostile-dht.json")], cwd=REPO, capture_output=True, timeout=120)
+
+            threading.Thread(target=stuff, daemon=True).start()
+        # A third of the run in, a node joins (in every arm, so the arms differ only by the attack): next to the
+        # forged state in `forged-state`.
+        time.sleep(rounds * H / STEPS_PER_S / 3)
+        swarm.start_node("c", path="1.0", max_rounds=max(2, rounds // 3), seed=2, extra=pace())
+        names = [*HONEST, "c"]
+        codes = swarm.wait_nodes(names, timeout_s=rounds * H / STEPS_PER_S * 4 + 120)
+        stop.set()
+        if hostile is not None:
+            hostile.kill()
+        st = {n: swarm.status(n) or {} for n in names}
+    mismatches, compared = replica_mismatches(list(st.values()))
+    forged = read_json(str(workdir / "hostile.json")) if (workdir / "hostile.json").exists() else None
+    return {
+        "exit_codes": codes,
+        "val_loss": {n: st[n].get("val_loss_after") for n in HONEST},
+        "rounds_failed": {n: st[n].get("rounds_failed", 0) for n in HONEST},
+        "bytes": {n: st[n].get("bytes_sent", 0) + st[n].get("bytes_received", 0) for n in HONEST},
+        "replica_mismatches": len(mismatches), "digests_compared": compared,
+        "forged_state_adopted": None if forged is None else any(
+            forged["forged_digest"] in s.get("history", {}).get("shared", {}).values() for s in st.values()),
+        "victim_answers": None if forged is None else forged["answers"],
+    }
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    attacks = [a for a in ARMS if a != "clean"]
+    width = 0.35
+    for j, node in enumerate(HONEST):
+        ratios = [result["arms"][a]["loss_ratio"][node] for a in attacks]
+        ax.bar([i + (j - 0.5) * width for i in range(len(attacks))], ratios, width, label=f"honest node {node}")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.axhline(1.0 + GOAL, color="tab:red", ls="--", lw=0.8, label="goal: within 2 % of clean")
+    ax.set_xticks(range(len(attacks)), attacks)
+    ax.set_ylabel("final val loss / clean run's")
+    ax.set_title(f"hostile peers, {result['rounds']} rounds × {result['repeats']} repeats")
+    lo = min(min(result["arms"][a]["loss_ratio"].values()) for a in attacks)
+    ax.set_ylim(min(0.95, lo - 0.01), max(1.05, 1.0 + 2 * GOAL))
+    ax.legend(fontsize=8)
+    save_plot(fig, path)
+
+
+def main() -> None:
+    ap = arguments(__doc__, "hostile", plot=True, replot=True)
+    ap.add_argument("--rounds", type=int, default=30, help="rounds each honest node trains per run")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per arm (run-to-run spread is several %%)")
+    args = ap.parse_args()
+    if args.replot:
+        plot(read_json(args.json), args.plot)
+        return
+    t0 = time.monotonic()
+    runs: dict[str, list[dict]] = {a: [] for a in ARMS}
+    with tempfile.TemporaryDirectory(prefix="pathswarm-hostile-") as tmp:
+        for rep in range(args.repeats):
+            for arm in ARMS:  # interleaved: a slow patch of the machine hits every arm alike
+                got = run_arm(arm, args.rounds, Path(tmp) / f"{arm}-{rep}")
+                runs[arm].append(got)
+                print(f"repeat {rep + 1}/{args.repeats} {arm}: val loss {got['val_loss']}, "
+                      f"failed rounds {got['rounds_failed']}, mismatches {got['replica_mismatches']}", flush=True)
+    mean = {arm: {n: statistics.fmean(r["val_loss"][n] for r in rs) for n in HONEST} for arm, rs in runs.items()}
+    arms = {}
+    for arm, rs in runs.items():
+        arms[arm] = {
+            "val_loss_mean": mean[arm], "val_loss_runs": [r["val_loss"] for r in rs],
+            "loss_ratio": {n: mean[arm][n] / mean["clean"][n] for n in HONEST},
+            "rounds_failed": sum(sum(r["rounds_failed"].values()) for r in rs),
+            "bytes_per_node_run": statistics.fmean(b for r in rs for b in r["bytes"].values()),
+            "replica_mismatches": sum(r["replica_mismatches"] for r in rs),
+            "crashed": sum(c != 0 for r in rs for c in r["exit_codes"].values()),
+            "forged_state_adopted": any(r["forged_state_adopted"] for r in rs),
+            "victim_answers": [r["victim_answers"] for r in rs if r["victim_answers"] is not None],
+        }
+    attacks = [a for a in ARMS if a != "clean"]
+    meets = all(max(arms[a]["loss_ratio"].values()) <= 1 + GOAL and arms[a]["replica_mismatches"] == 0
+                and arms[a]["crashed"] == 0 and not arms[a]["forged_state_adopted"] for a in attacks)
+    result = {"benchmark": "hostile", "rounds": args.rounds, "repeats": args.repeats, "machine": machine(),
+              "arms": arms, "goal": "each attack: honest loss within 2 % of clean, replicas identical, no crash",
+              "meets_goal": meets, "wall_s": round(time.monotonic() - t0, 1)}
+    for a in attacks:
+        print(f"{a}: honest loss / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['loss_ratio'].items())}")
+    write_json(args.json, result)
+    plot(result, args.plot)
+
+
+if __name__ == "__main__":
+    main()
