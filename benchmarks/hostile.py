@@ -59,6 +59,7 @@ def pace() -> list[str]:
 
 
 def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
+    workdir.mkdir(parents=True)
     spec_path = workdir / "swarm.toml"
     spec_path.write_text(spec_text())
     hostile: subprocess.Popen | None = None

@@ -5,8 +5,11 @@ simulator (node/train/simulate.py) call the same `merge`, so benchmarks measure 
 
 1. Screening. A contribution is rejected, with its peer and a reason, if its frame does not decode,
    holds another number of values than the module, holds NaN/Inf, or (in groups of 3 or more) has a
-   norm above `norm_bound` × the median norm of the group's contributions. With two contributions
-   there is no majority to measure against, so only the first three checks apply.
+   norm above `norm_bound` × the median norm of the group's contributions. With one or two
+   contributions there is no majority to measure against: the bound is `norm_bound` × a reference
+   from the module's history instead (the round rule passes the norm of the outer momentum, the
+   running sum of the rounds merged so far; 0 before any Nesterov round, when only the first three
+   checks apply).
 2. Robust mean: token-weighted CenteredClip (Karimireddy et al. 2021, the rule hivemind ships):
    start at the coordinate-wise median, then repeat v ← v + Σ wᵢ·clip(xᵢ − v, τ) / Σ wᵢ, where clip
    scales a vector down to norm τ, and τ = `clip_factor` × the median distance of the contributions
@@ -87,8 +90,9 @@ class Merged:
     """(peer, reason) of every contribution screened out."""
 
 
-def screen(deltas: Sequence[torch.Tensor | None], norm_bound: float) -> list[str | None]:
-    """Per contribution: None if it passes, else why it is rejected (None entries: already rejected)."""
+def screen(deltas: Sequence[torch.Tensor | None], norm_bound: float, reference: float = 0.0) -> list[str | None]:
+    """Per contribution: None if it passes, else why it is rejected (None entries: already rejected).
+    `reference`: the norm small groups are bounded by (see the module docstring)."""
     reasons: list[str | None] = [None if d is not None else "undecodable" for d in deltas]
     norms = {}
     for i, d in enumerate(deltas):
@@ -103,12 +107,17 @@ def screen(deltas: Sequence[torch.Tensor | None], norm_bound: float) -> list[str
         for i, n in norms.items():
             if n > norm_bound * median:
                 reasons[i] = f"norm {n:.3g} is {n / max(median, 1e-30):.0f}x the group's median {median:.3g}"
+    elif norm_bound > 0 and reference > 0:
+        for i, n in norms.items():
+            if n > norm_bound * reference:
+                reasons[i] = f"norm {n:.3g} is {n / reference:.0f}x the module's history {reference:.3g} (small group)"
     return reasons
 
 
 def merge(contributions: Sequence[tuple[str, int, bytes]], numel: int, *, norm_bound: float,
-          clip_factor: float, clip_iterations: int) -> Merged:
-    """Decode, screen and robustly average (peer, tokens, codec frame) contributions, in the order given."""
+          clip_factor: float, clip_iterations: int, reference: float = 0.0) -> Merged:
+    """Decode, screen and robustly average (peer, tokens, codec frame) contributions, in the order given;
+    `reference`: the history norm that bounds groups of fewer than 3 (`screen`)."""
     deltas: list[torch.Tensor | None] = []
     early: list[str | None] = []
     for _, _, frame in contributions:
@@ -124,7 +133,7 @@ def merge(contributions: Sequence[tuple[str, int, bytes]], numel: int, *, norm_b
             continue
         deltas.append(delta)
         early.append(None)
-    reasons = [e or r for e, r in zip(early, screen(deltas, norm_bound), strict=True)]
+    reasons = [e or r for e, r in zip(early, screen(deltas, norm_bound, reference), strict=True)]
     out = Merged(None)
     kept, weights = [], []
     for (peer, tokens, _), delta, reason in zip(contributions, deltas, reasons, strict=True):

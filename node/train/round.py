@@ -122,8 +122,11 @@ def close_round(contributions: Sequence[tuple[str, int, bytes]], numel: int, spe
     cap = max_weight(spec)
     ordered = sorted(((peer, min(tokens, cap), frame) for peer, tokens, frame in contributions), key=lambda c: c[0])
     avg = spec.averaging
+    # A group of 1 or 2 has no majority to measure a norm against: the module's outer momentum (the running sum of
+    # the rounds merged so far, the same on every replica) bounds it instead.
+    reference = float(torch.linalg.vector_norm(before.momentum)) if before is not None else 0.0
     merged = merge(ordered, numel, norm_bound=avg.norm_bound, clip_factor=avg.clip_factor,
-                   clip_iterations=avg.clip_iterations)
+                   clip_iterations=avg.clip_iterations, reference=reference)
     if merged.mean is None:
         return ClosedRound(b"", (), 0, tuple(merged.rejected))
     # The mean is encoded without error feedback: every member decodes exactly these bytes.
