@@ -4,6 +4,10 @@ The rule (after petals' `block_selection.py`, with paths instead of blocks):
 - The *service* of a path is the sum of the throughputs (tokens/s) of the live claims on it. A claim
   that reports 0 (its node has not measured yet) counts as `MIN_CLAIM_TOKENS_PER_S`, so a new node is
   never invisible and two newcomers do not pile onto one path.
+- Throughputs are self-reported, so each claim is credited at most `CLAIM_CAP_FACTOR` × the median
+  reported throughput of the live claims (docs/SECURITY.md, "claimer"): a stranger reporting 1e15
+  tokens/s on a path weighs as two typical nodes, not as the whole swarm, while the honest majority
+  sets the median. One claim per peer follows from the records (one subkey per owner).
 - A node picks the path with the least service. When every path is served this doubles up on the
   least-served one; with no claims at all it is an exact tie across all paths.
 - Ties are broken by (fewest claimants, then a hash of (peer_id, path), then path index). The hash
@@ -28,6 +32,8 @@ from pathswarm.protocol.spec import SwarmSpec, format_path
 
 MIN_CLAIM_TOKENS_PER_S = 1.0
 """Service credited to a live claim that reports less (e.g. 0 before its first measurement)."""
+CLAIM_CAP_FACTOR = 2.0
+"""Most service one claim is credited, in medians of the live claims' reported throughputs."""
 
 Path = tuple[int, ...]
 
@@ -49,12 +55,22 @@ def live_claims(spec: SwarmSpec, claims: Iterable[PathClaim], my_peer_id: str, n
 def path_service(spec: SwarmSpec, claims: Iterable[PathClaim]) -> dict[Path, tuple[float, int]]:
     """(service in tokens/s, number of claimants) of every path of the spec, for the given claims."""
     service: dict[Path, tuple[float, int]] = {p: (0.0, 0) for p in spec.paths()}
+    claims = sorted(claims, key=lambda c: (c.path, c.peer_id, c.tokens_per_s, c.expires_at, c.round))
+    cap = CLAIM_CAP_FACTOR * max(_median([c.tokens_per_s for c in claims]), MIN_CLAIM_TOKENS_PER_S)
     # Summed in a canonical order, so float rounding cannot make the choice depend on claim order.
-    for c in sorted(claims, key=lambda c: (c.path, c.peer_id, c.tokens_per_s, c.expires_at, c.round)):
+    for c in claims:
         if c.path in service:
             tps, n = service[c.path]
-            service[c.path] = (tps + max(c.tokens_per_s, MIN_CLAIM_TOKENS_PER_S), n + 1)
+            service[c.path] = (tps + min(max(c.tokens_per_s, MIN_CLAIM_TOKENS_PER_S), cap), n + 1)
     return service
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def tie_break(peer_id: str, path: Path) -> int:

@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pathswarm.protocol.path_choice import (
+    CLAIM_CAP_FACTOR,
     MIN_CLAIM_TOKENS_PER_S,
     choose_path,
     path_service,
@@ -37,6 +38,19 @@ def test_service_is_throughput_weighted_not_a_head_count():
     claims = [claim((0, 0), 1000.0, "QmFast")] + claims_on((0, 1), (0, 1), (0, 1), tokens_per_s=10.0)
     claims += [claim((1, 0), 500.0, "QmB"), claim((1, 1), 500.0, "QmC")]
     assert choose_path(SPEC, claims, 50.0, ME, NOW) == (0, 1)
+
+
+def test_a_stranger_reporting_a_huge_throughput_weighs_as_two_typical_nodes():
+    """docs/SECURITY.md, "claimer": throughput is self-reported (1e15 was accepted and made a path look served by
+    the whole swarm). Credited at most CLAIM_CAP_FACTOR x the median of the live claims."""
+    honest = [claim((0, 1), 100.0, "QmA"), claim((1, 0), 100.0, "QmB"), claim((1, 1), 100.0, "QmC"),
+              claim((0, 1), 100.0, "QmD"), claim((1, 0), 100.0, "QmE"), claim((1, 1), 100.0, "QmF")]
+    squatter = claim((0, 0), 1e15, "QmSquatter")
+    assert path_service(SPEC, [*honest, squatter])[(0, 0)] == (CLAIM_CAP_FACTOR * 100.0, 1)
+    # Every other path has two or three honest nodes: the squatted path ties the least served (one claimant) and
+    # is chosen; it used to be avoided for ever (1e15 tok/s of service).
+    honest += [claim((0, 1), 100.0, "QmG")]
+    assert choose_path(SPEC, [*honest, squatter], 100.0, ME, NOW) == (0, 0)
 
 
 def test_a_claim_without_measured_throughput_still_counts():
@@ -111,7 +125,10 @@ def test_choice_is_a_valid_least_served_path_and_ignores_claim_order(claims, my_
     chosen = choose_path(SPEC, claims, my_tps, peer, NOW)
     SPEC.check_path(chosen)
     live = [c for c in claims if c.expires_at > NOW and c.peer_id != peer and c.path in SPEC.paths()]
-    service = {p: sum(max(c.tokens_per_s, MIN_CLAIM_TOKENS_PER_S) for c in live if c.path == p)
+    tps = sorted(c.tokens_per_s for c in live)
+    median = (tps[len(tps) // 2] if len(tps) % 2 else (tps[len(tps) // 2 - 1] + tps[len(tps) // 2]) / 2) if tps else 0
+    cap = CLAIM_CAP_FACTOR * max(median, MIN_CLAIM_TOKENS_PER_S)
+    service = {p: sum(min(max(c.tokens_per_s, MIN_CLAIM_TOKENS_PER_S), cap) for c in live if c.path == p)
                for p in SPEC.paths()}
     assert service[chosen] <= min(service.values()) * (1 + 1e-12)  # equal up to summation order
     assert choose_path(SPEC, list(reversed(claims)), my_tps, peer, NOW) == chosen
