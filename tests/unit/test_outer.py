@@ -86,10 +86,12 @@ def test_digest_changes_with_state_and_round():
 
 def test_digest_is_pinned():
     # Peers compare digests: the bytes hashed (round as 8 little-endian bytes, then anchor and momentum as fp32)
-    # must not change with how they are fed to sha256. Value computed with `.numpy().tobytes()`.
+    # must not change with how they are fed to sha256. Value computed with `.numpy().tobytes()`; full sha256 since
+    # issue 17 (the first 16 characters are the 64-bit digest pinned before).
+    FULL = "baa4c6459e26b0f09c83dcc89dbccb864606691259e0b05c0d680a61591a467d"
     anchor = torch.arange(10, dtype=torch.float32) / 7
     state = OuterState(anchor=anchor, momentum=-torch.arange(10, dtype=torch.float32) / 3, round=5)
-    assert state.digest() == "baa4c6459e26b0f0"
+    assert state.digest() == FULL
     strided = (torch.arange(20, dtype=torch.float32) / 14)[::2]
     assert not strided.is_contiguous()
-    assert OuterState(anchor=strided, momentum=state.momentum, round=5).digest() == "baa4c6459e26b0f0"
+    assert OuterState(anchor=strided, momentum=state.momentum, round=5).digest() == FULL
