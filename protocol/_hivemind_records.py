@@ -27,10 +27,12 @@ from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.proto import crypto_pb2
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
+from pathswarm.protocol import membership
 from pathswarm.protocol.membership import Gate
 from pathswarm.protocol.records import (
     MAX_RECORD_BYTES,
     RecordError,
+    RevocationRecord,
     max_record_ttl_s,
     parse_record,
     served_key,
@@ -73,14 +75,10 @@ def _peer_id_of_owner(owner: bytes) -> str | None:
 
 
 def gate_of(spec: SwarmSpec) -> Gate:
-    """The membership gate of a swarm (admits everyone in an open swarm); one per swarm, so its
-    cache of verified certificates is shared by the validator and the readers of a process."""
-    return _gate(spec.membership.owner_key, spec.swarm_id)
-
-
-@functools.lru_cache(maxsize=16)
-def _gate(owner_key: str, swarm_id: str) -> Gate:
-    return Gate(owner_key, swarm_id)
+    """The membership gate of a swarm (admits everyone in an open swarm); one per swarm and process, so its
+    cache of verified certificates and the revocations it learnt are shared by the validator, the readers and
+    the module exchange."""
+    return membership.gate_of(spec.membership.owner_key, spec.swarm_id)
 
 
 class SwarmRecordValidator(RecordValidatorBase):
@@ -138,6 +136,13 @@ class SwarmRecordValidator(RecordValidatorBase):
         parsed = parse_record(model, value, self._spec)
         if parsed.peer_id != owner_peer_id:
             raise RecordError(f"record names peer {parsed.peer_id[:64]} but is signed by {owner_peer_id}")
+        if model is RevocationRecord:
+            # The owner's signature is the authority, whoever relays it; learning it here makes this process refuse
+            # the revoked peers' records at once.
+            if not self._gate.private:
+                raise RecordError("an open swarm has no owner to revoke anyone")
+            self._gate.learn(parsed.token)
+            return
         self._gate.check(parsed.membership, owner_peer_id)
 
     @property

@@ -1,4 +1,5 @@
-"""A swarm's signed records in the DHT: path claims, module announcements, metrics (over protocol/net.py).
+"""A swarm's signed records in the DHT: path claims, module announcements, metrics, a private swarm's revocation
+list (over protocol/net.py).
 
 Every record a peer writes goes under a key prefixed with the swarm id (protocol/records.py) and a
 subkey that names its owner, `[owner:<ssh-rsa key>]`, which the DHT signs with the peer's key; every
@@ -16,17 +17,19 @@ import logging
 from typing import TYPE_CHECKING, TypeVar
 
 from pathswarm.protocol._hivemind_records import SwarmRecordValidator, gate_of, peer_id_of_owner
-from pathswarm.protocol.membership import MembershipError
+from pathswarm.protocol.membership import MembershipError, Revocations
 from pathswarm.protocol.records import (
     ModuleAnnouncement,
     NodeMetrics,
     PathClaim,
     RecordError,
+    RevocationRecord,
     claims_key,
     metrics_key,
     module_key,
     parse_record,
     record_to_wire,
+    revocations_key,
 )
 from pathswarm.protocol.spec import SwarmSpec
 
@@ -34,11 +37,12 @@ if TYPE_CHECKING:
     from pathswarm.protocol.net import SwarmNet
 
 __all__ = ["SwarmRecordValidator", "announce_module", "gate_of", "peer_id_of_owner", "publish_claim",
-           "publish_metrics", "read_claims", "read_metrics", "read_module_holders", "withdraw_claim"]
+           "publish_metrics", "publish_revocations", "read_claims", "read_metrics", "read_module_holders",
+           "read_revocations", "withdraw_claim"]
 
 logger = logging.getLogger(__name__)
 
-_R = TypeVar("_R", PathClaim, ModuleAnnouncement, NodeMetrics)
+_R = TypeVar("_R", PathClaim, ModuleAnnouncement, NodeMetrics, RevocationRecord)
 
 
 # ---- records -----------------------------------------------------------------------------------
@@ -68,7 +72,10 @@ def _read(sdht: SwarmNet, spec: SwarmSpec, key: str, model: type[_R], timeout_s:
             record = parse_record(model, value, spec)
             if record.peer_id != owner_peer_id:
                 raise RecordError(f"names peer {record.peer_id} but is signed by {owner_peer_id}")
-            gate.check(record.membership, owner_peer_id)
+            if model is RevocationRecord:
+                gate.learn(record.token)  # the owner's signature is checked, not the relaying peer's membership
+            else:
+                gate.check(record.membership, owner_peer_id)
         except (RecordError, MembershipError) as e:
             logger.info("dropped a %s under %s: %s", model.__name__, key, e)
             continue
@@ -135,3 +142,18 @@ def read_metrics(sdht: SwarmNet, spec: SwarmSpec) -> list[NodeMetrics]:
     """Valid metrics of every node that published within its TTL, sorted by peer id."""
     return _read(sdht, spec, metrics_key(spec.swarm_id), NodeMetrics)
 
+
+
+def publish_revocations(sdht: SwarmNet, spec: SwarmSpec, token: str, ttl_s: float) -> bool:
+    """Relay the owner's signed revocation list (protocol/membership.py) for ttl_s seconds."""
+    record = RevocationRecord(peer_id=sdht.peer_id, token=token)
+    return _publish(sdht, revocations_key(spec.swarm_id), record, sdht.dht_time() + ttl_s)
+
+
+def read_revocations(sdht: SwarmNet, spec: SwarmSpec) -> Revocations | None:
+    """The newest revocation list of a private swarm that its owner signed, as far as the DHT knows (also taught to
+    this process's gate, which refuses the revoked peers from then on); None in an open swarm or if there is none."""
+    if not spec.membership.private:
+        return None
+    _read(sdht, spec, revocations_key(spec.swarm_id), RevocationRecord)
+    return gate_of(spec).revocations

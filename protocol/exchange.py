@@ -36,7 +36,7 @@ import torch
 
 from pathswarm.protocol.clock import MONOTONIC, Clock
 from pathswarm.protocol.handlers import Budget, Guard
-from pathswarm.protocol.membership import Gate, MembershipError
+from pathswarm.protocol.membership import MembershipError, gate_of
 from pathswarm.protocol.reducers import RIVAL, Stance, earlier, parse_candidates, successors
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.wire import (
@@ -159,7 +159,7 @@ class ModuleExchange:
         # Private swarms: every request carries our certificate, and every request we serve must carry
         # one that names the peer id libp2p authenticated on the stream (a copied one names another).
         self.membership = membership
-        self.gate = Gate(spec.membership.owner_key, spec.swarm_id)
+        self.gate = gate_of(spec.membership.owner_key, spec.swarm_id)  # shared: revocations learnt apply here too
         self.streams = streams  # None: offline
         self.peer_id = peer_id
         self.numels = numels  # module id → parameter count, from the spec: bounds every message
@@ -369,8 +369,8 @@ class ModuleExchange:
         if self.streams is None or not agreed:
             return []  # offline
         if agreed[0] == self.peer_id:
-            return [p for p in agreed[1:]] if module in self.fresh else []
-        return earlier(agreed, self.peer_id)
+            return [p for p in agreed[1:] if not self.gate.revoked(p)] if module in self.fresh else []
+        return [p for p in earlier(agreed, self.peer_id) if not self.gate.revoked(p)]  # a revoked one has no say
 
     async def _rival(self, module: str, round_: int, mine: LocalState) -> tuple[str, Stance] | None:
         """Ask the candidates that come first whether one of them holds the round (once per round: concurrent
@@ -513,6 +513,7 @@ class ModuleExchange:
         the agreed failover order (protocol/reducers.py); a candidate that cannot be reached, or refuses, passes
         the round to the next, and one that redirects us to an earlier candidate is followed (twice at most)."""
         deadline = self.clock.now() + timeout_s
+        candidates = [p for p in candidates if not self.gate.revoked(p)]  # the owner revoked it: never our reducer
         queue, redirects, last = list(candidates), 0, None
         while queue:
             reducer = queue.pop(0)

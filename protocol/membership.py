@@ -12,6 +12,10 @@ certificate is therefore worthless to any other peer id: replaying it needs that
 Wire form, one ASCII token: `psm1.<base64url(payload json)>.<base64url(signature)>`; the signature
 covers the literal payload bytes. Parsing is bounded (MAX_CERT_BYTES) and raises MembershipError only.
 
+Revocation (`pathswarm swarm revoke`): the owner signs the list of peer ids it has revoked, with the time it
+signed it (`psr1.…`, same form). Lists are cumulative, so the newest one a peer has seen is the whole truth;
+a `Gate` that learns a newer list refuses the revoked peers from then on, whatever certificate they hold.
+
 Pure code: `cryptography` and the standard library, no networking.
 """
 
@@ -32,6 +36,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 PREFIX = "psm1"
+REVOCATION_PREFIX = "psr1"
+MAX_REVOKED = 60
+"""Most peer ids one revocation list holds (it travels in a DHT record of at most 4 KiB); past that, start a new
+swarm with a new owner key."""
+MAX_REVOCATION_BYTES = 3900
 MAX_CERT_BYTES = 1024
 """A certificate longer than this is refused unread (ours are about 260 characters)."""
 CLOCK_SKEW_S = 300.0
@@ -93,11 +102,13 @@ def owner_key_fingerprint(owner_key: str) -> str:
     return owner_key[len(OWNER_KEY_PREFIX):][:16]
 
 
-def save_owner_key(key: Ed25519PrivateKey, path: Path) -> None:
-    """Write an owner key as PEM with mode 0600; never overwrite an existing file (it may admit a swarm)."""
+def save_owner_key(key: Ed25519PrivateKey, path: Path, passphrase: str | None = None) -> None:
+    """Write an owner key as PEM with mode 0600, encrypted with `passphrase` when given (PKCS#8, the best scheme
+    `cryptography` offers); never overwrite an existing file (it may admit a swarm)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
+    encryption = (serialization.BestAvailableEncryption(passphrase.encode()) if passphrase
+                  else serialization.NoEncryption())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
@@ -106,8 +117,21 @@ def save_owner_key(key: Ed25519PrivateKey, path: Path) -> None:
         f.write(pem)
 
 
-def load_owner_key(path: Path) -> Ed25519PrivateKey:
-    """Read an owner key; refuse one that other users can read (it lets anyone admit peers)."""
+class PassphraseNeeded(MembershipError):
+    """The owner key file is encrypted and no passphrase (or a wrong one) was given."""
+
+
+def owner_key_encrypted(path: Path) -> bool:
+    """Whether an owner key file is passphrase-encrypted (without reading the key)."""
+    try:
+        return b"ENCRYPTED PRIVATE KEY" in path.read_bytes()[:64]
+    except OSError:
+        return False
+
+
+def load_owner_key(path: Path, passphrase: str | None = None) -> Ed25519PrivateKey:
+    """Read an owner key (decrypting it with `passphrase` if it is encrypted); refuse one that other users can
+    read (it lets anyone admit peers)."""
     try:
         mode = path.stat().st_mode
         data = path.read_bytes()
@@ -115,9 +139,14 @@ def load_owner_key(path: Path) -> Ed25519PrivateKey:
         raise MembershipError(f"owner key {path} is unreadable ({e.strerror})") from None
     if stat.S_IMODE(mode) & 0o077:
         raise MembershipError(f"owner key {path} is readable by other users; run: chmod 600 {path}")
+    encrypted = b"ENCRYPTED PRIVATE KEY" in data[:64]
+    if encrypted and not passphrase:
+        raise PassphraseNeeded(f"owner key {path} is encrypted: give its passphrase")
     try:
-        key = serialization.load_pem_private_key(data, password=None)
+        key = serialization.load_pem_private_key(data, password=passphrase.encode() if encrypted else None)
     except (ValueError, TypeError):
+        if encrypted:
+            raise PassphraseNeeded(f"wrong passphrase for owner key {path}") from None
         raise MembershipError(f"owner key {path} is not a PEM private key") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise MembershipError(f"owner key {path} is not an Ed25519 key")
@@ -192,6 +221,67 @@ def verify(token: str | bytes | None, *, owner_key: str, swarm_id: str, peer_id:
     return cert
 
 
+@dataclass(frozen=True)
+class Revocations:
+    """A verified revocation list."""
+
+    swarm_id: str
+    peers: frozenset[str]
+    issued_at: float
+    token: str
+
+
+def sign_revocations(owner: Ed25519PrivateKey, swarm_id: str, peers: set[str] | frozenset[str],
+                     now: float | None = None) -> Revocations:
+    """The owner's signed list of every peer revoked from `swarm_id` (cumulative: pass the earlier ones too)."""
+    now = time.time() if now is None else now
+    if not _SWARM_ID.match(swarm_id):
+        raise MembershipError(f"swarm id must be 64 hex characters, got {swarm_id[:80]!r}")
+    bad = [p for p in peers if not _PEER_ID.match(p)]
+    if bad:
+        raise MembershipError(f"peer id must be base58 (what `pathswarm node id` prints), got {bad[0][:80]!r}")
+    if len(peers) > MAX_REVOKED:
+        raise MembershipError(f"a revocation list holds at most {MAX_REVOKED} peers; start a new swarm with a new "
+                              f"owner key instead")
+    payload = json.dumps({"v": 1, "swarm": swarm_id, "revoked": sorted(peers), "iat": int(now)},
+                         sort_keys=True, separators=(",", ":")).encode()
+    token = f"{REVOCATION_PREFIX}.{_b64e(payload)}.{_b64e(owner.sign(payload))}"
+    if len(token) > MAX_REVOCATION_BYTES:
+        raise MembershipError(f"the revocation list is {len(token)} characters, over {MAX_REVOCATION_BYTES}")
+    return Revocations(swarm_id, frozenset(peers), float(int(now)), token)
+
+
+def verify_revocations(token: str | bytes, *, owner_key: str, swarm_id: str) -> Revocations:
+    """The revocation list, if the swarm's owner signed it for this swarm; else MembershipError saying why."""
+    if isinstance(token, bytes):
+        token = token.decode("ascii", errors="replace")
+    if not isinstance(token, str) or len(token) > MAX_REVOCATION_BYTES:
+        raise MembershipError(f"revocation list must be text of at most {MAX_REVOCATION_BYTES} characters")
+    parts = token.strip().split(".")
+    if len(parts) != 3 or parts[0] != REVOCATION_PREFIX:
+        raise MembershipError(f"not a revocation list (expected '{REVOCATION_PREFIX}.<payload>.<signature>')")
+    payload, signature = _b64d(parts[1], "payload"), _b64d(parts[2], "signature")
+    try:
+        parse_public_key(owner_key).verify(signature, payload)
+    except InvalidSignature:
+        raise MembershipError("revocation list is not signed by this swarm's owner") from None
+    try:
+        body = json.loads(payload)
+    except (ValueError, RecursionError):
+        raise MembershipError("revocation payload is not JSON") from None
+    if not isinstance(body, dict) or set(body) != {"v", "swarm", "revoked", "iat"} or body["v"] != 1:
+        raise MembershipError("revocation payload has unexpected fields or version")
+    peers, iat = body["revoked"], body["iat"]
+    if body["swarm"] != swarm_id:
+        raise MembershipError("revocation list is for another swarm")
+    if not (isinstance(peers, list) and len(peers) <= MAX_REVOKED
+            and all(isinstance(p, str) and _PEER_ID.match(p) for p in peers)):
+        raise MembershipError("revocation list names malformed peer ids")
+    if not (isinstance(iat, int) and not isinstance(iat, bool) and 0 <= iat < 10**11):
+        raise MembershipError("revocation time must be an integer (unix seconds)")
+    return Revocations(swarm_id, frozenset(peers), float(iat), token.strip())
+
+
 class Gate:
     """What a peer of one swarm checks certificates with; an open swarm's gate admits everyone.
 
@@ -203,15 +293,33 @@ class Gate:
     def __init__(self, owner_key: str, swarm_id: str):
         self.owner_key, self.swarm_id = owner_key, swarm_id
         self._ok: dict[tuple[str, str], float] = {}
+        self.revocations: Revocations | None = None
+        """The newest revocation list seen (its peers are refused, whatever certificate they present)."""
+
+    def learn(self, token: str | bytes) -> bool:
+        """Take a revocation list read from a peer if it is the owner's and newer than ours; True if it was."""
+        if not self.private:
+            return False
+        revs = verify_revocations(token, owner_key=self.owner_key, swarm_id=self.swarm_id)
+        if self.revocations is not None and revs.issued_at <= self.revocations.issued_at:
+            return False
+        self.revocations = revs
+        return True
 
     @property
     def private(self) -> bool:
         return bool(self.owner_key)
 
+    def revoked(self, peer_id: str) -> bool:
+        """The owner revoked `peer_id` (as far as this gate has learnt)."""
+        return self.revocations is not None and peer_id in self.revocations.peers
+
     def check(self, token: str | bytes | None, peer_id: str, now: float | None = None) -> None:
         """Raise MembershipError unless `peer_id` may take part (always passes in an open swarm)."""
         if not self.private:
             return
+        if self.revoked(peer_id):
+            raise MembershipError(f"peer {peer_id} was revoked by the swarm's owner")
         now = time.time() if now is None else now
         key = (token if isinstance(token, str) else repr(token), peer_id)
         expires = self._ok.get(key)
@@ -221,6 +329,18 @@ class Gate:
         if len(self._ok) >= self.MAX_CACHED:
             self._ok.clear()
         self._ok[key] = cert.expires_at
+
+
+def gate_of(owner_key: str, swarm_id: str) -> Gate:
+    """The one gate of a swarm in this process: the record validator, the readers of records and the module
+    exchange share it, so a revocation learnt by any of them is enforced by all."""
+    key = (owner_key, swarm_id)
+    if key not in _GATES:
+        _GATES[key] = Gate(owner_key, swarm_id)
+    return _GATES[key]
+
+
+_GATES: dict[tuple[str, str], Gate] = {}
 
 
 def parse_expiry(text: str, now: float | None = None) -> float:

@@ -21,7 +21,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from pathswarm.protocol.membership import MAX_CERT_BYTES
+from pathswarm.protocol.membership import MAX_CERT_BYTES, MAX_REVOCATION_BYTES
 from pathswarm.protocol.spec import SwarmSpec
 
 MAX_RECORD_BYTES = 4096
@@ -139,6 +139,16 @@ class NodeMetrics(_PathRecord):
         return v
 
 
+class RevocationRecord(_Record):
+    """A private swarm owner's signed revocation list (protocol/membership.py), relayed by any peer that holds it:
+    the owner's signature, not the writer, is the authority (the validator checks it against the spec)."""
+
+    peer_id: PeerIdStr
+    """The relaying peer's libp2p id."""
+    token: str = Field(min_length=1, max_length=MAX_REVOCATION_BYTES)
+    """The owner-signed list, `psr1.…`."""
+
+
 R = TypeVar("R", bound=_Record)
 
 
@@ -157,6 +167,11 @@ def claims_key(swarm_id: str) -> str:
 def metrics_key(swarm_id: str) -> str:
     """Dictionary of node metrics: one subkey per reporting peer."""
     return f"{_check_swarm_id(swarm_id)}/metrics"
+
+
+def revocations_key(swarm_id: str) -> str:
+    """Dictionary of the owner's revocation list as relayed by peers: one subkey per relaying peer."""
+    return f"{_check_swarm_id(swarm_id)}/revocations"
 
 
 def served_key(peer_id: str) -> str:
@@ -192,6 +207,8 @@ def swarm_keys(spec: SwarmSpec) -> dict[str, type[_Record]]:
     """Every key a swarm uses, with the record model stored under it."""
     sid = spec.swarm_id
     keys: dict[str, type[_Record]] = {claims_key(sid): PathClaim, metrics_key(sid): NodeMetrics}
+    if spec.membership.private:
+        keys[revocations_key(sid)] = RevocationRecord
     keys.update({module_key(sid, m): ModuleAnnouncement for m in spec.all_module_ids()})
     return keys
 

@@ -9,6 +9,7 @@ failure, is node/app/cli_common.py.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -28,11 +29,17 @@ from pathswarm.protocol.membership import (
     Ed25519PrivateKey,
     issue,
     load_owner_key,
+    owner_key_encrypted,
     parse_expiry,
     public_key_text,
     save_owner_key,
+    sign_revocations,
+    verify_revocations,
 )
 from pathswarm.protocol.spec import DataSpec, InnerOptSpec, MembershipSpec, ModelSpec, RouterSpec, SwarmSpec
+
+PASSPHRASE_ENV = "PATHSWARM_OWNER_PASSPHRASE"
+"""Where `swarm init --passphrase`, `swarm invite` and `swarm revoke` take an owner key's passphrase from, if set."""
 
 # Imported inside the commands that need them, after the checks of their options, so that `pathswarm --help` and a
 # mistyped option answer at once; measured (python -X importtime, min of 15) on top of what `--help` loads anyway
@@ -109,11 +116,14 @@ def _parse_levels(text: str) -> tuple[int, ...]:
                    "(mode 0600, in ~/.local/share/pathswarm/owners/) and puts its public half in the spec.")
 @click.option("--owner-key", type=click.Path(dir_okay=False), default=None,
               help="With --private: write the owner key here instead (never overwritten; keep it out of the repo).")
+@click.option("--passphrase", is_flag=True,
+              help="With --private: encrypt the owner key with a passphrase (asked twice, or taken from "
+                   f"${PASSPHRASE_ENV}); `swarm invite` and `swarm revoke` then ask for it.")
 @friendly
 def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, width: int, base_width: int, heads: int,
                layers_per_module: int, context_len: int, inner_steps: int, inner_lr: float, name: str, seed: int,
                force: bool, warm_start_steps: int, warm_start_batch: int, init_dir: str | None, private: bool,
-               owner_key: str | None) -> None:
+               owner_key: str | None, passphrase: bool) -> None:
     """Define a new swarm: build a spec, fit the document router, print paths and routing.
 
     With --warm-start-steps, also train the initial weights here first (DiLoCo's warm start): every node that
@@ -132,8 +142,8 @@ def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, widt
         model=ModelSpec(width=width, base_width=base_width, n_heads=heads, layers_per_module=layers_per_module,
                         context_len=context_len, seed=seed),
         router=RouterSpec(seed=seed), inner=InnerOptSpec(steps=inner_steps, lr=inner_lr), data=data)
-    if owner_key and not private:
-        raise click.UsageError("--owner-key goes with --private")
+    if (owner_key or passphrase) and not private:
+        raise click.UsageError("--owner-key and --passphrase go with --private")
     from pathswarm.node.app.swarm_init import format_init_report, init_spec
     from pathswarm.node.model.data import load_documents
 
@@ -144,7 +154,9 @@ def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, widt
         key = Ed25519PrivateKey.generate()
         spec = spec.replace(membership=MembershipSpec(owner_key=public_key_text(key)))
         key_path = Path(owner_key) if owner_key else default_owner_key(spec.membership.owner_key)
-        save_owner_key(key, key_path)
+        secret = (os.environ.get(PASSPHRASE_ENV) or click.prompt("passphrase for the owner key", hide_input=True,
+                                                                  confirmation_prompt=True)) if passphrase else None
+        save_owner_key(key, key_path, secret)
     if warm_start_steps:
         spec = _warm_start(spec, docs, warm_start_steps, warm_start_batch, seed, init_out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -205,10 +217,7 @@ def swarm_invite(spec_path: str, peer_id: str, expires: str, owner_key: str | No
     if not spec.membership.private:
         raise ValueError(f"{spec_path} is an open swarm (no membership.owner_key): anyone may join it; "
                          "create a private one with `pathswarm swarm init --private`")
-    key_path = Path(owner_key) if owner_key else default_owner_key(spec.membership.owner_key)
-    key = load_owner_key(key_path)
-    if public_key_text(key) != spec.membership.owner_key:
-        raise ValueError(f"{key_path} is not the owner key of {spec_path} (its public key differs from the spec's)")
+    key_path, key = _owner_of(spec, spec_path, owner_key)
     cert = issue(key, spec.swarm_id, peer_id.strip(), parse_expiry(expires))
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(cert.expires_at))
     if output:
@@ -217,6 +226,60 @@ def swarm_invite(spec_path: str, peer_id: str, expires: str, owner_key: str | No
     else:
         click.echo(cert.token)
         click.echo(f"(peer {cert.peer_id} may join swarm {spec.name!r} until {when})", err=True)
+
+
+def _owner_of(spec: SwarmSpec, spec_path: str, owner_key: str | None) -> tuple[Path, Ed25519PrivateKey]:
+    """The private swarm's owner key (asking for its passphrase if it is encrypted), checked against the spec."""
+    key_path = Path(owner_key) if owner_key else default_owner_key(spec.membership.owner_key)
+    secret = None
+    if owner_key_encrypted(key_path):
+        secret = os.environ.get(PASSPHRASE_ENV) or click.prompt(f"passphrase of owner key {key_path}", hide_input=True)
+    key = load_owner_key(key_path, secret)
+    if public_key_text(key) != spec.membership.owner_key:
+        raise ValueError(f"{key_path} is not the owner key of {spec_path} (its public key differs from the spec's)")
+    return key_path, key
+
+
+@swarm.command("revoke")
+@click.option("--swarm", "spec_path", required=True, type=click.Path(dir_okay=False), help="The private swarm's spec.")
+@click.option("--peer-id", "peer_ids", required=True, multiple=True,
+              help="A peer id to revoke (repeat for several). Its certificate stops working everywhere.")
+@click.option("--owner-key", type=click.Path(dir_okay=False), default=None,
+              help="The owner key (default: the one `swarm init --private` wrote for this spec).")
+@click.option("--list", "list_path", type=click.Path(dir_okay=False), default=None,
+              help="The swarm's revocation list, updated in place (default: next to the owner key, .revoked).")
+@click.option("--initial-peer", "initial_peers", multiple=True,
+              help="Publish the list to the swarm now, through this peer (repeat for several). Nodes enforce it "
+                   "from their next round and relay it; without it, only the list file is written.")
+@friendly
+def swarm_revoke(spec_path: str, peer_ids: tuple[str, ...], owner_key: str | None, list_path: str | None,
+                 initial_peers: tuple[str, ...]) -> None:
+    """Revoke members of a private swarm: sign the list of every revoked peer id and publish it.
+
+    The list is cumulative (kept in --list); the newest one signed by the owner wins everywhere. A revoked
+    peer's records, contributions and state requests are refused by every node that has read it."""
+    spec = load_spec_option(spec_path)
+    if not spec.membership.private:
+        raise ValueError(f"{spec_path} is an open swarm (no membership.owner_key): there is nobody to revoke")
+    key_path, key = _owner_of(spec, spec_path, owner_key)
+    list_file = Path(list_path) if list_path else key_path.with_name(key_path.name + ".revoked")
+    earlier: frozenset[str] = frozenset()
+    if list_file.exists():
+        earlier = verify_revocations(list_file.read_text(encoding="ascii"), owner_key=spec.membership.owner_key,
+                                     swarm_id=spec.swarm_id).peers
+    revs = sign_revocations(key, spec.swarm_id, earlier | {p.strip() for p in peer_ids})
+    list_file.write_text(revs.token + "\n", encoding="ascii")
+    click.echo(f"wrote {list_file}: {len(revs.peers)} peer(s) revoked from swarm {spec.name!r}")
+    if initial_peers:
+        from pathswarm.protocol.dht import publish_revocations
+        from pathswarm.protocol.net import start_net
+        from pathswarm.protocol.records import announce_ttl_s
+
+        with start_net(list(initial_peers), spec=spec) as net:
+            if not publish_revocations(net, spec, revs.token, announce_ttl_s(spec)):
+                raise ValueError("no peer of the swarm accepted the revocation list; try again with another "
+                                 "--initial-peer")
+        click.echo("published: nodes refuse the revoked peers from their next round on")
 
 
 @swarm.command("status")

@@ -12,7 +12,7 @@ import logging
 from pathswarm.node.peer.background import Chores
 from pathswarm.node.peer.config import NodeStatus
 from pathswarm.node.train.worker import PathWorker
-from pathswarm.protocol.dht import announce_module, publish_metrics
+from pathswarm.protocol.dht import announce_module, publish_metrics, publish_revocations, read_revocations
 from pathswarm.protocol.records import MAX_HISTORY, ModuleAnnouncement, NodeMetrics, announce_ttl_s
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.spec_share import announce_spec_server
@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 class Announcer:
     def __init__(self, spec: SwarmSpec, sdht, status: NodeStatus, worker: PathWorker, chores: Chores | None):
         self.spec, self.sdht, self.status, self.worker, self.chores = spec, sdht, status, worker, chores
+        self._revocations_seen = 0.0  # issue time of the newest revocation list logged
 
     def announce(self) -> None:
         """Module announcements and metrics as of now; the DHT stores run on the chores thread."""
@@ -46,9 +47,25 @@ class Announcer:
             for ann in announcements:
                 announce_module(self.sdht, self.spec, ann, ttl)
             publish_metrics(self.sdht, self.spec, metrics, ttl)
+            self.relay_revocations(ttl)
             self.announce_spec_server()
         except Exception as e:  # announcements are advisory; training goes on
             logger.warning("could not announce: %s", e)
+
+    def relay_revocations(self, ttl: float) -> None:
+        """A private swarm: learn the owner's newest revocation list (this process's gate enforces it from now on)
+        and relay it, so it outlives the owner's publication."""
+        revs = read_revocations(self.sdht, self.spec)
+        if revs is None:
+            return
+        if revs.issued_at > self._revocations_seen:
+            self._revocations_seen = revs.issued_at
+            if self.sdht.peer_id in revs.peers:
+                logger.error("this node was revoked by the swarm's owner: its peers refuse it from now on")
+            else:
+                logger.warning("the swarm's owner revoked %d peer(s): %s", len(revs.peers),
+                               ", ".join(sorted(p[-8:] for p in revs.peers)))
+        publish_revocations(self.sdht, self.spec, revs.token, ttl)
 
     def announce_spec_server(self) -> None:
         try:

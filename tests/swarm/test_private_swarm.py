@@ -221,3 +221,37 @@ def test_the_cli_refuses_missing_wrong_or_expired_membership(private, tmp_path):
     unreadable.chmod(0o644)
     assert "readable by other users" in error_line(cli(*run, "--membership", str(expired), "--identity",
                                                        str(unreadable)))
+
+
+def test_a_revoked_member_is_shut_out_within_a_few_rounds_and_the_others_train_on(private, tmp_path):
+    """`pathswarm swarm revoke` publishes the owner's signed list; every node reads it once a round (and relays it),
+    then refuses the revoked peer's claims, records, contributions and state requests."""
+    spec, spec_path, _ = private
+    names = {"a": "0.0", "b": "0.1", "c": "1.0"}  # all three hold `shared`
+    ids = {n: tmp_path / f"{n}.key" for n in names}
+    members = {n: invite(spec_path, ids[n], tmp_path, n) for n in names}
+    with LocalSwarm(spec_path, tmp_path / "run") as swarm:
+        maddr = swarm.start_bootstrap()
+        for i, (n, path) in enumerate(names.items()):
+            swarm.start_node(n, path=path, seed=i, extra=["--membership", str(tmp_path / f"{n}.cert"), "--identity",
+                                                          str(ids[n]), "--wait-peers", "3"])
+        c_id = members["c"][0]
+        wait_until(lambda: any(c_id in g for g in (swarm.status("a") or {}).get("groups", {}).get("shared", {})
+                               .values()), 180, "a round of `shared` merged with c")
+        proc = cli("swarm", "revoke", "--swarm", str(spec_path), "--peer-id", c_id, "--initial-peer", maddr)
+        assert proc.returncode == 0 and "published" in proc.stdout, proc.stderr[-2000:]
+        revoked_at = {n: swarm.status(n)["module_rounds"]["shared"] for n in ("a", "b")}
+        wait_until(lambda: all(swarm.status(n)["module_rounds"]["shared"] >= revoked_at[n] + 5 for n in ("a", "b")),
+                   240, "five more rounds of a and b")
+        for n in names:
+            swarm.signal(n, signal.SIGTERM)
+        assert swarm.wait_nodes(list(names), timeout_s=90) == dict.fromkeys(names, 0)
+        final = {n: swarm.status(n) for n in names}
+        c_log = (tmp_path / "run" / "c.log").read_text()
+    for n in ("a", "b"):
+        late = {int(r): g for r, g in final[n]["groups"]["shared"].items() if int(r) > revoked_at[n] + 3}
+        assert late and all(c_id not in g for g in late.values()), (n, revoked_at[n], final[n]["groups"]["shared"])
+        assert final[n]["val_loss_after"] < final[n]["val_loss_before"]
+    ok, compared = replicas_identical([final["a"], final["b"]])
+    assert ok and compared > 0
+    assert "this node was revoked by the swarm's owner" in c_log

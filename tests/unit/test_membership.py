@@ -144,3 +144,80 @@ def test_the_owner_key_is_part_of_the_swarm_id():
 def test_parse_reads_without_verifying():
     m, payload, sig = parse(cert())
     assert m.peer_id == PEER and len(sig) == 64 and b'"peer"' in payload
+
+
+def test_the_owners_revocation_list_shuts_a_member_out_of_every_gate_that_learns_it():
+    from pathswarm.protocol.membership import MAX_REVOKED, sign_revocations, verify_revocations
+
+    gate = Gate(OWNER_KEY, SWARM)
+    token = cert(expires=NOW + 10**9)
+    gate.check(token, PEER)  # a member, cached
+    first = sign_revocations(OWNER, SWARM, {PEER}, now=NOW)
+    assert verify_revocations(first.token, owner_key=OWNER_KEY, swarm_id=SWARM).peers == {PEER}
+    assert gate.learn(first.token)
+    with pytest.raises(MembershipError, match="revoked"):
+        gate.check(token, PEER)  # its valid certificate, even cached, no longer admits it
+    gate.check(cert(peer=OTHER_PEER, expires=NOW + 10**9), OTHER_PEER)  # others still pass
+    # Lists are cumulative and the newest wins: an older one (a replay) changes nothing, a newer one replaces it.
+    assert not gate.learn(sign_revocations(OWNER, SWARM, set(), now=NOW - 60).token)
+    assert gate.revocations.peers == {PEER}
+    assert gate.learn(sign_revocations(OWNER, SWARM, {OTHER_PEER}, now=NOW + 60).token)
+    gate.check(token, PEER)
+    # Only the owner revokes, only for its swarm; an open swarm has nobody to revoke.
+    stranger = Ed25519PrivateKey.generate()
+    for bad, why in ((sign_revocations(stranger, SWARM, {OTHER_PEER}, now=NOW + 120).token, "not signed"),
+                     (sign_revocations(OWNER, "cd" * 32, {OTHER_PEER}, now=NOW + 120).token, "another swarm"),
+                     ("psr1.e30.AAAA", "not signed"), ("psm1.x.y", "not a revocation list")):
+        with pytest.raises(MembershipError, match=why):
+            gate.learn(bad)
+    assert not Gate("", SWARM).learn(first.token)
+    with pytest.raises(MembershipError, match="at most"):
+        sign_revocations(OWNER, SWARM, {f"Qm{i:044d}" for i in range(MAX_REVOKED + 1)})
+
+
+def test_an_owner_key_can_be_encrypted_with_a_passphrase(tmp_path):
+    from pathswarm.protocol.membership import PassphraseNeeded, owner_key_encrypted
+
+    key = Ed25519PrivateKey.generate()
+    path = tmp_path / "owner.key"
+    save_owner_key(key, path, "correct horse")
+    assert owner_key_encrypted(path) and b"ENCRYPTED PRIVATE KEY" in path.read_bytes()
+    raw = key.private_bytes_raw()
+    assert raw not in path.read_bytes()
+    with pytest.raises(PassphraseNeeded, match="is encrypted"):
+        load_owner_key(path)
+    with pytest.raises(PassphraseNeeded, match="wrong passphrase"):
+        load_owner_key(path, "battery staple")
+    assert load_owner_key(path, "correct horse").private_bytes_raw() == raw
+    plain = tmp_path / "plain.key"
+    save_owner_key(key, plain)
+    assert not owner_key_encrypted(plain) and load_owner_key(plain, "ignored").private_bytes_raw() == raw
+
+
+def test_the_cli_encrypts_the_owner_key_and_asks_for_its_passphrase(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from pathswarm.node.app.cli import main
+
+    monkeypatch.setenv("PATHSWARM_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("PATHSWARM_OWNER_PASSPHRASE", raising=False)
+    spec_path, key_path = tmp_path / "swarm.toml", tmp_path / "owner.key"
+    runner = CliRunner()
+    res = runner.invoke(main, ["swarm", "init", "-o", str(spec_path), "--corpus", "synthetic", "--width", "32",
+                               "--base-width", "32", "--heads", "2", "--layers-per-module", "1", "--context-len", "32",
+                               "--private", "--owner-key", str(key_path), "--passphrase"], input="s3cret\ns3cret\n")
+    assert res.exit_code == 0, res.output
+    assert b"ENCRYPTED PRIVATE KEY" in key_path.read_bytes()
+    invite = ["swarm", "invite", "--swarm", str(spec_path), "--peer-id", PEER, "--owner-key", str(key_path)]
+    res = runner.invoke(main, invite, input="s3cret\n")
+    assert res.exit_code == 0 and "psm1." in res.output, res.output
+    res = runner.invoke(main, invite, input="wrong\n")
+    assert res.exit_code == 2 and "wrong passphrase" in res.output, res.output
+    monkeypatch.setenv("PATHSWARM_OWNER_PASSPHRASE", "s3cret")  # for scripts: no prompt
+    revoke = ["swarm", "revoke", "--swarm", str(spec_path), "--peer-id", PEER, "--owner-key", str(key_path)]
+    res = runner.invoke(main, revoke)
+    assert res.exit_code == 0 and "1 peer(s) revoked" in res.output, res.output
+    listed = (tmp_path / "owner.key.revoked").read_text()
+    res = runner.invoke(main, [*revoke[:-4], "--peer-id", OTHER_PEER, "--owner-key", str(key_path)])
+    assert res.exit_code == 0 and "2 peer(s) revoked" in res.output, res.output  # cumulative
+    assert (tmp_path / "owner.key.revoked").read_text() != listed
