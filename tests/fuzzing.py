@@ -453,11 +453,26 @@ def reader_of(data: bytes) -> asyncio.StreamReader:
     return reader
 
 
+class SkippingClock:
+    """A clock whose sleeps return at once and move its time on: the client's retry pauses (0.3 s after each broken
+    reply) cost nothing, so the fuzzer spends its time on inputs (they took 23 s of the unit suite)."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def now(self) -> float:
+        return time.monotonic() + self.skipped
+
+    async def sleep(self, seconds: float) -> None:
+        self.skipped += max(0.0, seconds)
+        await asyncio.sleep(0)
+
+
 def exchange(private: bool, streams: FakeStreams | None = None) -> ModuleExchange:
     spec = XPRIVATE if private else XSPEC
 
     return ModuleExchange(spec, streams, OTHER_PEER, {m: NUMEL for m in spec.all_module_ids()}, lambda m: STATE,
-                          exchange_closer(spec), membership=XCERT if private else "")
+                          exchange_closer(spec), membership=XCERT if private else "", clock=SkippingClock())
 
 
 MESSAGES = [message({}), message({"status": "ok", "round": 3, "digest": "ab"}, bytes(range(256)) * 4),
