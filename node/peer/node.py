@@ -43,7 +43,6 @@ from pathswarm.node.peer.status import PhaseClock, RoundWork, write_ready, write
 from pathswarm.node.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from pathswarm.node.train.inner import evaluate_loss
 from pathswarm.node.train.worker import PathWorker
-from pathswarm.protocol.dht import read_module_holders
 from pathswarm.protocol.exchange import ModuleExchange
 from pathswarm.protocol.net import SwarmNet, start_net
 from pathswarm.protocol.netloop import NetLoop
@@ -412,8 +411,8 @@ class Node:
                 mine = self.sync.local_states.get(mid)
                 if mine is None or mine.round == 0:
                     continue
-                announced = [(a.peer_id, a.round, a.digest) for a in read_module_holders(self.sdht, self.spec, mid)]
-                self.splits.observe(split_verdict(mid, mine.round, mine.digest, self.status.peer_id, announced))
+                announced, me, counted = self.sync.announced(mid, self._holders(mid))
+                self.splits.observe(split_verdict(mid, mine.round, mine.digest, me, announced, counted))
         except Exception as e:  # advisory: the next round looks again
             logger.warning("could not compare digests with the module's holders: %s", e)
 

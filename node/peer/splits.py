@@ -4,7 +4,9 @@ The reducer rule (protocol/reducers.py) leaves one way to split a round: a candi
 reached by the next one (a partition, a frozen process) closes the same round as its successor. Every node
 announces (module, round, digest) on the DHT after each round; reading them, a node that sees another holder
 at its own round with another digest has found a split. The version announced by more holders wins (ties: the
-smaller digest, so both sides agree on it); the other side re-syncs from a winner, once per (module, round),
+smaller digest, so both sides agree on it); only the holders the node counts for vouching (node/peer/vouch.py: the
+peers it merged rounds with, else the claims' holders) are counted, so ids that announce a forged digest at our
+round, however many, decide nothing. The other side re-syncs from a winner, once per (module, round),
 keeping its local progress. Its own merged rounds from the split on are not in the state that survives:
 their tokens move from merged to discarded (and a reducer's from reduced to discarded).
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -32,11 +34,12 @@ class Heal:
 
 
 def split_verdict(module: str, my_round: int, my_digest: str, me: str,
-                  announced: Iterable[tuple[str, int, str]]) -> Heal | None:
-    """(peer, round, digest) announcements of a module → a Heal when our version of our round lost, else None."""
+                  announced: Iterable[tuple[str, int, str]], counted: Collection[str] | None = None) -> Heal | None:
+    """(peer, round, digest) announcements of a module → a Heal when our version of our round lost, else None.
+    `counted`: the only announcers that count (None: all of them)."""
     versions: dict[str, set[str]] = {my_digest: {me}}
     for peer, round_, digest in announced:
-        if round_ == my_round and peer != me:
+        if round_ == my_round and peer != me and (counted is None or peer in counted):
             versions.setdefault(digest, set()).add(peer)
     if len(versions) < 2:
         return None

@@ -106,14 +106,15 @@ class StateSync:
 
     def vouched(self, mid: str, claim_holders: list[str]) -> Vouched | None:
         """The later state of `mid` a strict majority of its counted holders announce (node/peer/vouch.py), or None."""
-        announced, me, counted = self._announced(mid, claim_holders)
+        announced, me, counted = self.announced(mid, claim_holders)
         return vouched_state(announced, me, self.worker.outer[mid].round, counted)
 
-    def _announced(self, mid: str, claim_holders: list[str]) -> tuple[list[tuple[str, int, str]], str, set[str]]:
+    def announced(self, mid: str, claim_holders: list[str]) -> tuple[list[tuple[str, int, str]], str, set[str]]:
         """(announcements of `mid`, us, the peers whose announcements count)."""
         me = self.status.peer_id
         announced = [(a.peer_id, a.round, a.digest) for a in read_module_holders(self.sdht, self.spec, mid)]
-        merged = {p for members in self.status.groups.get(mid, {}).values() for p in members}
+        # list(): one step under the GIL, so the chores thread (split watch) reads it while the training thread adds
+        merged = {p for members in list(self.status.groups.get(mid, {}).values()) for p in members}
         return announced, me, counted_peers(merged, claim_holders, me)
 
     def behind(self, mid: str, claim_holders: list[str], rounds) -> None:
@@ -136,7 +137,7 @@ class StateSync:
             if now < next_try:
                 continue
             mine = self.worker.outer[mid]
-            got = majority_state(*self._announced(mid, holders(mid)))
+            got = majority_state(*self.announced(mid, holders(mid)))
             ours = got is not None and (got.round, got.digest) == (mine.round, mine.digest())
             # No majority yet, or announcements a round behind ours: look again. A majority that announces our own
             # state may still be finishing the round we missed: one grace window, then we believe it.

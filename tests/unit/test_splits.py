@@ -27,6 +27,17 @@ def test_the_version_more_holders_announce_wins_and_only_the_losers_heal():
     assert split_verdict("shared", 5, "dB", "b", anns + [("a", 5, "dZ")]) is None  # the winner stays
 
 
+def test_ids_we_do_not_count_decide_no_split():
+    """Sybils (ids that never merged with us, nor claim our path) announcing a forged digest at our round used to win
+    the split by numbers and make us re-sync from them."""
+    sybils = [(f"evil{i}", 5, "forged") for i in range(10)]
+    honest = [("b", 5, "dA"), ("c", 5, "dA")]
+    assert split_verdict("shared", 5, "dA", "a", honest + sybils) is not None  # counting everyone: forged wins
+    assert split_verdict("shared", 5, "dA", "a", honest + sybils, counted={"b", "c"}) is None
+    heal = split_verdict("shared", 5, "dZ", "a", honest + sybils, counted={"b", "c"})  # a real split still heals
+    assert heal is not None and heal.winner == "dA" and heal.peer == "b"
+
+
 def test_a_tie_is_broken_the_same_way_on_both_sides():
     left = split_verdict("m", 3, "d1", "a", [("b", 3, "d2")])
     right = split_verdict("m", 3, "d2", "b", [("a", 3, "d1")])
