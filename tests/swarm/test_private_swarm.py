@@ -19,6 +19,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from pathswarm.compression import encode
 from pathswarm.node.app.local_swarm import LocalSwarm, replicas_identical
+from pathswarm.node.app.replicas import check_replicas
 from pathswarm.node.model.model import count_module_params
 from pathswarm.protocol.dht import peer_id_of_owner
 from pathswarm.protocol.exchange import ModuleExchange
@@ -252,6 +253,11 @@ def test_a_revoked_member_is_shut_out_within_a_few_rounds_and_the_others_train_o
         late = {int(r): g for r, g in final[n]["groups"]["shared"].items() if int(r) > revoked_at[n] + 3}
         assert late and all(c_id not in g for g in late.values()), (n, revoked_at[n], final[n]["groups"]["shared"])
         assert final[n]["val_loss_after"] < final[n]["val_loss_before"]
-    ok, compared = replicas_identical([final["a"], final["b"]])
-    assert ok and compared > 0
+    # Each node learns the list at the end of one of its rounds, not at one instant: a round the revoked peer reduced
+    # for one honest node while the other had already left it may be merged in two versions, in that window only
+    # (docs/SECURITY.md says so); the next round's out-of-sync answer brings them back to one.
+    check = check_replicas({"a": final["a"], "b": final["b"]})
+    window = range(min(revoked_at.values()) - 1, max(revoked_at.values()) + 4)
+    assert all(int(s.round) in window for s in check.splits), [str(s) for s in check.splits]
+    assert check.split_rounds <= 1 and check.rounds_compared > 10, [str(s) for s in check.splits]
     assert "this node was revoked by the swarm's owner" in c_log
