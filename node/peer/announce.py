@@ -8,6 +8,7 @@ that meets a dead peer waits seconds for it, and these records are advisory.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from pathswarm.node.peer.background import Chores
 from pathswarm.node.peer.config import NodeStatus
@@ -21,8 +22,11 @@ logger = logging.getLogger(__name__)
 
 
 class Announcer:
-    def __init__(self, spec: SwarmSpec, sdht, status: NodeStatus, worker: PathWorker, chores: Chores | None):
+    def __init__(self, spec: SwarmSpec, sdht, status: NodeStatus, worker: PathWorker, chores: Chores | None,
+                 on_revoked: Callable[[], None] = lambda: None):
         self.spec, self.sdht, self.status, self.worker, self.chores = spec, sdht, status, worker, chores
+        self.on_revoked = on_revoked
+        self.revoked = False  # the owner revoked this node: it stops (its peers refuse it anyway)
         self._revocations_seen = 0.0  # issue time of the newest revocation list logged
 
     def announce(self) -> None:
@@ -61,7 +65,9 @@ class Announcer:
         if revs.issued_at > self._revocations_seen:
             self._revocations_seen = revs.issued_at
             if self.sdht.peer_id in revs.peers:
-                logger.error("this node was revoked by the swarm's owner: its peers refuse it from now on")
+                logger.error("this node was revoked by the swarm's owner: its peers refuse it from now on; stopping")
+                self.revoked = True
+                self.on_revoked()
             else:
                 logger.warning("the swarm's owner revoked %d peer(s): %s", len(revs.peers),
                                ", ".join(sorted(p[-8:] for p in revs.peers)))

@@ -133,7 +133,7 @@ class Node:
             self._save()
             self._save_partial()  # after the round checkpoint it builds on: a restart resumes this very round
             self._write_status()
-            return 0
+            return 2 if self.announcer is not None and self.announcer.revoked else 0  # restarting would not help
         finally:
             self._leave()
 
@@ -159,7 +159,7 @@ class Node:
         self.exchange.drop_reply = _faults_from_env()
         if not offline:  # any member can hand the spec to a machine joining with --join
             self.net.run(SpecServer([spec]).start(streams), 30)
-            self.announcer = Announcer(spec, self.sdht, self.status, self.worker, None)
+            self.announcer = Announcer(spec, self.sdht, self.status, self.worker, None, on_revoked=self.stop_event.set)
             self.announcer.announce_spec_server()
 
     def _device(self) -> str:
