@@ -137,13 +137,14 @@ class SwarmRecordValidator(RecordValidatorBase):
         if parsed.peer_id != owner_peer_id:
             raise RecordError(f"record names peer {parsed.peer_id[:64]} but is signed by {owner_peer_id}")
         if model is RevocationRecord:
-            # The owner's signature is the authority, whoever relays it; learning it here makes this process refuse
-            # the revoked peers' records at once.
+            # The owner's signature is the authority; only members relay it (`swarm revoke` signs itself a
+            # short certificate), so strangers get no storage under this key.
             if not self._gate.private:
                 raise RecordError("an open swarm has no owner to revoke anyone")
             self._gate.learn(parsed.token)
-            return
-        self._gate.check(parsed.membership, owner_peer_id)
+        # Revocations are not applied here: they change what is valid over time, and hivemind drops a storer's whole
+        # dictionary if one entry fails; readers (protocol/dht.py) drop a revoked peer's records one by one.
+        self._gate.check(parsed.membership, owner_peer_id, revocations=False)
 
     @property
     def priority(self) -> int:

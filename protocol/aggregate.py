@@ -6,10 +6,12 @@ simulator (node/train/simulate.py) call the same `merge`, so benchmarks measure 
 1. Screening. A contribution is rejected, with its peer and a reason, if its frame does not decode,
    holds another number of values than the module, holds NaN/Inf, or (in groups of 3 or more) has a
    norm above `norm_bound` × the median norm of the group's contributions. With one or two
-   contributions there is no majority to measure against: the bound is `norm_bound` × a reference
-   from the module's history instead (the round rule passes the norm of the outer momentum, the
-   running sum of the rounds merged so far; 0 before any Nesterov round, when only the first three
-   checks apply).
+   contributions there is no majority to measure against: each is clipped (scaled down, not
+   rejected) to `norm_bound` × a reference from the module's history instead (the round rule passes
+   the norm of the outer momentum, the running sum of the rounds merged so far; 0 before any
+   Nesterov round, when only the first three checks apply). Clipping, not rejection: an honest
+   contribution that once exceeded the bound would be carried into the next round, larger, and a
+   lone node could be stuck rejecting itself.
 2. Robust mean: token-weighted CenteredClip (Karimireddy et al. 2021, the rule hivemind ships):
    start at the coordinate-wise median, then repeat v ← v + Σ wᵢ·clip(xᵢ − v, τ) / Σ wᵢ, where clip
    scales a vector down to norm τ, and τ = `clip_factor` × the median distance of the contributions
@@ -88,11 +90,12 @@ class Merged:
     """Their tokens."""
     rejected: list[tuple[str, str]] = field(default_factory=list)
     """(peer, reason) of every contribution screened out."""
+    clipped: list[str] = field(default_factory=list)
+    """Peers whose contribution a small group's history bound scaled down."""
 
 
-def screen(deltas: Sequence[torch.Tensor | None], norm_bound: float, reference: float = 0.0) -> list[str | None]:
-    """Per contribution: None if it passes, else why it is rejected (None entries: already rejected).
-    `reference`: the norm small groups are bounded by (see the module docstring)."""
+def screen(deltas: Sequence[torch.Tensor | None], norm_bound: float) -> list[str | None]:
+    """Per contribution: None if it passes, else why it is rejected (None entries: already rejected)."""
     reasons: list[str | None] = [None if d is not None else "undecodable" for d in deltas]
     norms = {}
     for i, d in enumerate(deltas):
@@ -107,10 +110,6 @@ def screen(deltas: Sequence[torch.Tensor | None], norm_bound: float, reference: 
         for i, n in norms.items():
             if n > norm_bound * median:
                 reasons[i] = f"norm {n:.3g} is {n / max(median, 1e-30):.0f}x the group's median {median:.3g}"
-    elif norm_bound > 0 and reference > 0:
-        for i, n in norms.items():
-            if n > norm_bound * reference:
-                reasons[i] = f"norm {n:.3g} is {n / reference:.0f}x the module's history {reference:.3g} (small group)"
     return reasons
 
 
@@ -133,7 +132,7 @@ def merge(contributions: Sequence[tuple[str, int, bytes]], numel: int, *, norm_b
             continue
         deltas.append(delta)
         early.append(None)
-    reasons = [e or r for e, r in zip(early, screen(deltas, norm_bound, reference), strict=True)]
+    reasons = [e or r for e, r in zip(early, screen(deltas, norm_bound), strict=True)]
     out = Merged(None)
     kept, weights = [], []
     for (peer, tokens, _), delta, reason in zip(contributions, deltas, reasons, strict=True):
@@ -143,6 +142,13 @@ def merge(contributions: Sequence[tuple[str, int, bytes]], numel: int, *, norm_b
         kept.append(delta)
         weights.append(tokens)
         out.used.append(peer)
+    if 0 < len(kept) < 3 and norm_bound > 0 and reference > 0:
+        bound = norm_bound * reference
+        for i, delta in enumerate(kept):
+            norm = float(torch.linalg.vector_norm(delta))
+            if norm > bound:
+                kept[i] = delta * (bound / norm)
+                out.clipped.append(out.used[i])
     if kept:
         out.mean = centered_clip(kept, weights, clip_factor, clip_iterations)
         out.tokens = int(sum(weights))

@@ -73,9 +73,8 @@ def _read(sdht: SwarmNet, spec: SwarmSpec, key: str, model: type[_R], timeout_s:
             if record.peer_id != owner_peer_id:
                 raise RecordError(f"names peer {record.peer_id} but is signed by {owner_peer_id}")
             if model is RevocationRecord:
-                gate.learn(record.token)  # the owner's signature is checked, not the relaying peer's membership
-            else:
-                gate.check(record.membership, owner_peer_id)
+                gate.learn(record.token)  # the owner's signature is the authority; the relayer is a member
+            gate.check(record.membership, owner_peer_id, revocations=model is not RevocationRecord)
         except (RecordError, MembershipError) as e:
             logger.info("dropped a %s under %s: %s", model.__name__, key, e)
             continue

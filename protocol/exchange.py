@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+PROTOCOL_VERSION = "v2"
 RESULTS_KEPT = 4  # closed rounds a reducer remembers for late members
 RESULTS_LOGGED = 64  # rounds whose merged tokens a reducer remembers (a healed split takes them back)
 MAX_TOKENS = 1 << 53  # most tokens one contribution may count (exact in a float; no round trains so many)
@@ -203,7 +204,9 @@ class ModuleExchange:
         self._checks: dict[tuple[str, int], asyncio.Future] = {}
         self._open: dict[tuple[str, int], _OpenRound] = {}
         self._closed: dict[tuple[str, int], tuple[str, RoundResult]] = {}
-        prefix = spec.swarm_id[:16]
+        # The protocol's version is in the names: a node of another version is "not serving" to us, cleanly, instead
+        # of out of sync every round (v2: full-length state digests).
+        prefix = f"{spec.swarm_id[:16]}.{PROTOCOL_VERSION}"
         self.contribute_name = f"pathswarm.{prefix}.contribute"
         self.state_name = f"pathswarm.{prefix}.state"
         self.stance_name = f"pathswarm.{prefix}.stance"

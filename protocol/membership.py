@@ -37,10 +37,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 PREFIX = "psm1"
 REVOCATION_PREFIX = "psr1"
-MAX_REVOKED = 60
-"""Most peer ids one revocation list holds (it travels in a DHT record of at most 4 KiB); past that, start a new
-swarm with a new owner key."""
-MAX_REVOCATION_BYTES = 3900
+MAX_REVOKED = 40
+"""Most peer ids one revocation list holds (it travels in a DHT record of at most 4 KiB, with the relaying member's
+certificate); past that, start a new swarm with a new owner key."""
+MAX_REVOCATION_BYTES = 3400
 MAX_CERT_BYTES = 1024
 """A certificate longer than this is refused unread (ours are about 260 characters)."""
 CLOCK_SKEW_S = 300.0
@@ -301,7 +301,9 @@ class Gate:
         if not self.private:
             return False
         revs = verify_revocations(token, owner_key=self.owner_key, swarm_id=self.swarm_id)
-        if self.revocations is not None and revs.issued_at <= self.revocations.issued_at:
+        # Newest first; two lists signed in the same second: the longer, then the larger token (every node alike).
+        if self.revocations is not None and (revs.issued_at, len(revs.peers), revs.token) <= (
+                self.revocations.issued_at, len(self.revocations.peers), self.revocations.token):
             return False
         self.revocations = revs
         return True
@@ -314,11 +316,14 @@ class Gate:
         """The owner revoked `peer_id` (as far as this gate has learnt)."""
         return self.revocations is not None and peer_id in self.revocations.peers
 
-    def check(self, token: str | bytes | None, peer_id: str, now: float | None = None) -> None:
-        """Raise MembershipError unless `peer_id` may take part (always passes in an open swarm)."""
+    def check(self, token: str | bytes | None, peer_id: str, now: float | None = None,
+              revocations: bool = True) -> None:
+        """Raise MembershipError unless `peer_id` may take part (always passes in an open swarm). `revocations=False`:
+        the DHT validator's check, which must not depend on what this process learnt lately (hivemind drops a
+        storer's whole dictionary when one entry fails: the revoked peer's old records would hide everyone's)."""
         if not self.private:
             return
-        if self.revoked(peer_id):
+        if revocations and self.revoked(peer_id):
             raise MembershipError(f"peer {peer_id} was revoked by the swarm's owner")
         now = time.time() if now is None else now
         key = (token if isinstance(token, str) else repr(token), peer_id)

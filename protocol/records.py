@@ -39,8 +39,9 @@ MAX_COUNT = 1 << 62
 FIXED_TTL_S = 300.0
 """Lifetime of the records that do not depend on a spec: a bootstrap peer's served swarm, a spec server's listing
 (renewed every third of it)."""
-CLOCK_SLACK_S = 120.0
-"""How far ahead of ours another peer's clock may run (hivemind's DHT time is each machine's wall clock)."""
+CLOCK_SLACK_S = 300.0
+"""How far ahead of ours another peer's clock may run (hivemind's DHT time is each machine's wall clock); the same
+skew membership certificates allow."""
 
 _SWARM_ID_RE = re.compile(r"^[0-9A-Za-z_-]{1,128}$")
 _MODULE_ID_PATTERN = r"^(shared|L[0-9]{1,2}M[0-9]{1,7})$"

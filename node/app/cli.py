@@ -263,11 +263,14 @@ def swarm_revoke(spec_path: str, peer_ids: tuple[str, ...], owner_key: str | Non
         raise ValueError(f"{spec_path} is an open swarm (no membership.owner_key): there is nobody to revoke")
     key_path, key = _owner_of(spec, spec_path, owner_key)
     list_file = Path(list_path) if list_path else key_path.with_name(key_path.name + ".revoked")
-    earlier: frozenset[str] = frozenset()
+    earlier = None
     if list_file.exists():
         earlier = verify_revocations(list_file.read_text(encoding="ascii"), owner_key=spec.membership.owner_key,
-                                     swarm_id=spec.swarm_id).peers
-    revs = sign_revocations(key, spec.swarm_id, earlier | {p.strip() for p in peer_ids})
+                                     swarm_id=spec.swarm_id)
+    # Strictly newer than the list it extends, even within the same second: the newest list wins everywhere.
+    now = max(time.time(), earlier.issued_at + 1) if earlier else time.time()
+    revs = sign_revocations(key, spec.swarm_id, (earlier.peers if earlier else frozenset()) |
+                            {p.strip() for p in peer_ids}, now=now)
     list_file.write_text(revs.token + "\n", encoding="ascii")
     click.echo(f"wrote {list_file}: {len(revs.peers)} peer(s) revoked from swarm {spec.name!r}")
     if initial_peers:
@@ -275,7 +278,10 @@ def swarm_revoke(spec_path: str, peer_ids: tuple[str, ...], owner_key: str | Non
         from pathswarm.protocol.net import start_net
         from pathswarm.protocol.records import announce_ttl_s
 
-        with start_net(list(initial_peers), spec=spec) as net:
+        # A client (it serves nothing, so "accepted" means another peer took it), admitted by a short certificate
+        # the owner signs for it: only members may relay the list.
+        with start_net(list(initial_peers), spec=spec, client_mode=True) as net:
+            net.membership = issue(key, spec.swarm_id, net.peer_id, time.time() + 600).token
             if not publish_revocations(net, spec, revs.token, announce_ttl_s(spec)):
                 raise ValueError("no peer of the swarm accepted the revocation list; try again with another "
                                  "--initial-peer")

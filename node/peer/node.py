@@ -43,6 +43,7 @@ from pathswarm.node.peer.status import PhaseClock, RoundWork, write_ready, write
 from pathswarm.node.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from pathswarm.node.train.inner import evaluate_loss
 from pathswarm.node.train.worker import PathWorker
+from pathswarm.protocol.dht import read_revocations
 from pathswarm.protocol.exchange import ModuleExchange
 from pathswarm.protocol.net import SwarmNet, start_net
 from pathswarm.protocol.netloop import NetLoop
@@ -242,6 +243,8 @@ class Node:
         return next((p for p in paths if set(self.spec.module_ids(p)) == held), None)
 
     def _initial_sync(self) -> None:
+        if self.sdht is not None and self.spec.membership.private:
+            read_revocations(self.sdht, self.spec)  # before counting anyone's announcement: a revoked peer's count not
         ckpt = self._load_checkpoint()
         if ckpt is not None and not set(self.worker.module_ids) <= set(ckpt.modules):
             logger.info("the checkpoint holds another path's modules (%s); not resuming from it",

@@ -221,3 +221,16 @@ def test_the_cli_encrypts_the_owner_key_and_asks_for_its_passphrase(tmp_path, mo
     res = runner.invoke(main, [*revoke[:-4], "--peer-id", OTHER_PEER, "--owner-key", str(key_path)])
     assert res.exit_code == 0 and "2 peer(s) revoked" in res.output, res.output  # cumulative
     assert (tmp_path / "owner.key.revoked").read_text() != listed
+
+
+def test_a_full_revocation_list_fits_a_dht_record_with_the_relayers_certificate():
+    import msgpack
+
+    from pathswarm.protocol.membership import MAX_REVOKED, sign_revocations
+    from pathswarm.protocol.records import MAX_RECORD_BYTES, RevocationRecord, record_to_wire
+
+    peers = {"Qm" + f"{i:02d}" * 22 for i in range(MAX_REVOKED)}  # 46 characters, as real peer ids
+    revs = sign_revocations(OWNER, SWARM, peers, now=NOW)
+    relayer = cert(expires=NOW + 10**9)
+    record = RevocationRecord(peer_id=PEER, token=revs.token, membership=relayer)
+    assert len(msgpack.packb(record_to_wire(record))) <= MAX_RECORD_BYTES
