@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 from collections.abc import Iterable
 
 from pathswarm.protocol.records import PathClaim
@@ -56,7 +57,7 @@ def path_service(spec: SwarmSpec, claims: Iterable[PathClaim]) -> dict[Path, tup
     """(service in tokens/s, number of claimants) of every path of the spec, for the given claims."""
     service: dict[Path, tuple[float, int]] = {p: (0.0, 0) for p in spec.paths()}
     claims = sorted(claims, key=lambda c: (c.path, c.peer_id, c.tokens_per_s, c.expires_at, c.round))
-    cap = CLAIM_CAP_FACTOR * max(_median([c.tokens_per_s for c in claims]), MIN_CLAIM_TOKENS_PER_S)
+    cap = CLAIM_CAP_FACTOR * max(statistics.median([c.tokens_per_s for c in claims] or [0.0]), MIN_CLAIM_TOKENS_PER_S)
     # Summed in a canonical order, so float rounding cannot make the choice depend on claim order.
     for c in claims:
         if c.path in service:
@@ -64,13 +65,6 @@ def path_service(spec: SwarmSpec, claims: Iterable[PathClaim]) -> dict[Path, tup
             service[c.path] = (tps + min(max(c.tokens_per_s, MIN_CLAIM_TOKENS_PER_S), cap), n + 1)
     return service
 
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def tie_break(peer_id: str, path: Path) -> int:

@@ -1,5 +1,7 @@
 """Path choice: exact choices on hand-made swarms, and properties over random claim sets."""
 
+import statistics
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -125,9 +127,7 @@ def test_choice_is_a_valid_least_served_path_and_ignores_claim_order(claims, my_
     chosen = choose_path(SPEC, claims, my_tps, peer, NOW)
     SPEC.check_path(chosen)
     live = [c for c in claims if c.expires_at > NOW and c.peer_id != peer and c.path in SPEC.paths()]
-    tps = sorted(c.tokens_per_s for c in live)
-    median = (tps[len(tps) // 2] if len(tps) % 2 else (tps[len(tps) // 2 - 1] + tps[len(tps) // 2]) / 2) if tps else 0
-    cap = CLAIM_CAP_FACTOR * max(median, MIN_CLAIM_TOKENS_PER_S)
+    cap = CLAIM_CAP_FACTOR * max(statistics.median([c.tokens_per_s for c in live] or [0.0]), MIN_CLAIM_TOKENS_PER_S)
     service = {p: sum(min(max(c.tokens_per_s, MIN_CLAIM_TOKENS_PER_S), cap) for c in live if c.path == p)
                for p in SPEC.paths()}
     assert service[chosen] <= min(service.values()) * (1 + 1e-12)  # equal up to summation order
