@@ -45,13 +45,16 @@ from pathswarm.protocol.exchange import LocalState, ModuleExchange
 from pathswarm.protocol.membership import (
     CLOCK_SKEW_S,
     MAX_CERT_BYTES,
+    MAX_REVOKED,
     Ed25519PrivateKey,
     Gate,
     MembershipError,
     issue,
     parse,
     public_key_text,
+    sign_revocations,
     verify,
+    verify_revocations,
 )
 from pathswarm.protocol.records import (
     MAX_COUNT,
@@ -606,6 +609,40 @@ def gen_verify(rng: random.Random):
     return token(rng), rng.choice([PEER, OTHER_PEER]), rng.choice(VERIFY_NOWS)
 
 
+REVOCATIONS = sign_revocations(OWNER, PRIVATE.swarm_id, {PEER, OTHER_PEER}, now=NOW)
+REV_PAYLOAD = json.loads(base64.urlsafe_b64decode(REVOCATIONS.token.split(".")[1] + "=="))
+
+
+def revocation_token(rng: random.Random) -> object:
+    """Revocation lists: valid, edited as text, with a rewritten payload (re-signed by the owner or not), another
+    owner's, or not text at all."""
+    kind = rng.randrange(6)
+    if kind == 0:
+        return REVOCATIONS.token
+    if kind == 1:
+        return mutate_text(REVOCATIONS.token, TOKEN_ALPHABET, rng)
+    if kind in (2, 3):
+        body = dict(REV_PAYLOAD)
+        for _ in range(rng.randint(1, 3)):
+            name = rng.choice(sorted(REV_PAYLOAD) + ["extra"])
+            body[name] = rng.choice([plain(rng), [PEER] * rng.randrange(100), ["x" * 200], PRIVATE.swarm_id, -1, 1e30])
+        raw = json.dumps(body, default=repr).encode("utf-8", "surrogatepass")
+        signature = OWNER.sign(raw) if kind == 2 else rng.randbytes(64)
+        b64 = base64.urlsafe_b64encode
+        return f"psr1.{b64(raw).decode().rstrip('=')}.{b64(signature).decode()}"
+    if kind == 4:
+        return sign_revocations(Ed25519PrivateKey.generate(), PRIVATE.swarm_id, {PEER}, now=NOW).token
+    return rng.choice([None, 3, b"\xff" * 10, plain(rng), "psr1." + "A" * 5000])
+
+
+def run_revocations(tok) -> str:
+    revs = verify_revocations(tok, owner_key=OWNER_KEY, swarm_id=PRIVATE.swarm_id)
+    # Admitted: the owner's, for this swarm, bounded peer ids.
+    assert revs.swarm_id == PRIVATE.swarm_id and len(revs.peers) <= MAX_REVOKED
+    assert all(re.fullmatch(r"[0-9A-Za-z]{1,128}", p) for p in revs.peers)
+    return "accepted"
+
+
 def run_verify(inp) -> str:
     tok, peer, now = inp
     cert = verify(tok, owner_key=OWNER_KEY, swarm_id=PRIVATE.swarm_id, peer_id=peer, now=now)
@@ -770,6 +807,7 @@ FUZZERS = [
     Fuzzer("membership.parse", token, run_parse_cert, (MembershipError,)),
     Fuzzer("membership.verify", gen_verify, run_verify, (MembershipError,)),
     Fuzzer("membership.Gate.check", gen_verify, run_gate, (MembershipError,)),
+    Fuzzer("membership.verify_revocations", revocation_token, run_revocations, (MembershipError,)),
     Fuzzer("wire.read_message", gen_read_message, run_read_message, (WireError, asyncio.IncompleteReadError)),
     Fuzzer("wire.field_of", gen_field_of, run_field_of, (WireError,)),
     Fuzzer("exchange._on_contribute", gen_contribute_request, serve("_on_contribute")),
