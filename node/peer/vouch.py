@@ -41,14 +41,11 @@ def majority_state(announced: Iterable[tuple[str, int, str]], me: str, counted: 
 
 
 def vouched_state(announced: Iterable[tuple[str, int, str]], me: str, my_round: int,
-                  counted: Collection[str], my_digest: str | None = None) -> Vouched | None:
-    """The state to re-sync to, or None: the majority's (`majority_state`) if it is newer than `my_round`, or, given
-    `my_digest` (a group said our replica differs), at `my_round` with another digest."""
+                  counted: Collection[str]) -> Vouched | None:
+    """The state to re-sync to, or None: the majority's (`majority_state`) if it is newer than `my_round`. (A group
+    that says our replica differs at our own round is checked against `majority_state` directly: StateSync.resync.)"""
     got = majority_state(announced, me, counted)
-    if got is None:
-        return None
-    other = got.round > my_round or (my_digest is not None and got.round == my_round and got.digest != my_digest)
-    return got if other else None
+    return got if got is not None and got.round > my_round else None
 
 
 def counted_peers(merged_with: Iterable[str], claim_holders: Iterable[str], me: str) -> set[str]:

@@ -35,15 +35,14 @@ def test_counted_peers_are_those_we_merged_with_else_the_claims():
     assert counted_peers(set(), {"a", "me"}, "me") == {"a"}
 
 
-def test_a_group_that_says_our_replica_differs_is_followed_only_with_a_majority_behind_it():
-    """An `out_of_sync` answer or a digest mismatch names our own round: the majority's other digest at that round is
-    adopted, our own digest or a minority's is not."""
+def test_the_majority_state_is_what_a_node_told_it_is_out_of_sync_compares_with_its_own():
+    """An `out_of_sync` answer or a digest mismatch names our own round: StateSync.resync adopts the majority's state
+    when it is another digest at our round (or later), keeps ours when the majority holds ours."""
     group = [("a", 5, "g5"), ("b", 5, "g5"), ("c", 5, "mine")]
-    assert vouched_state(group, "me", 5, HONEST, my_digest="mine") == Vouched(5, "g5", ("a", "b"))
-    assert vouched_state(group, "me", 5, HONEST) is None  # without my_digest only later rounds move us
-    assert vouched_state([("a", 5, "mine"), ("b", 5, "mine"), ("c", 5, "g5")], "me", 5, HONEST, "mine") is None
-    assert vouched_state([("a", 5, "g5"), ("b", 4, "d4"), ("c", 5, "x")], "me", 5, HONEST, "mine") is None
-    # the majority's state itself, whatever ours: what StateSync.resync compares with our own
+    assert majority_state(group, "me", HONEST) == Vouched(5, "g5", ("a", "b"))
+    assert vouched_state(group, "me", 5, HONEST) is None  # only later rounds move a node told it is behind
     assert majority_state([("a", 5, "mine"), ("b", 5, "mine"), ("c", 6, "z")], "me", HONEST) == Vouched(
         5, "mine", ("a", "b"))
     assert majority_state([("a", 5, "p"), ("b", 6, "q")], "me", HONEST) is None
+    assert majority_state([("evil", 9, "x"), ("evil2", 9, "x"), ("a", 5, "g5")], "me", HONEST) == Vouched(
+        5, "g5", ("a",))  # uncounted ids are not votes
