@@ -118,7 +118,7 @@ class SwarmRecordValidator(RecordValidatorBase):
                 raise RecordError("subkey names no owner key")
             value = MSGPackSerializer.loads(record.value)
             if model is not None:
-                self._check_swarm_record(model, value, owner_peer_id)
+                self._check_swarm_record(model, value, owner_peer_id, record.expiration_time)
             elif record.key == self._servers:
                 if value != owner_peer_id:
                     raise RecordError("a spec-server listing must name its signer")
@@ -132,7 +132,7 @@ class SwarmRecordValidator(RecordValidatorBase):
             return False
         return True
 
-    def _check_swarm_record(self, model, value, owner_peer_id: str) -> None:
+    def _check_swarm_record(self, model, value, owner_peer_id: str, expires_at: float) -> None:
         parsed = parse_record(model, value, self._spec)
         if parsed.peer_id != owner_peer_id:
             raise RecordError(f"record names peer {parsed.peer_id[:64]} but is signed by {owner_peer_id}")
@@ -142,9 +142,9 @@ class SwarmRecordValidator(RecordValidatorBase):
             if not self._gate.private:
                 raise RecordError("an open swarm has no owner to revoke anyone")
             self._gate.learn(parsed.token)
-        # Revocations are not applied here: they change what is valid over time, and hivemind drops a storer's whole
-        # dictionary if one entry fails; readers (protocol/dht.py) drop a revoked peer's records one by one.
-        self._gate.check(parsed.membership, owner_peer_id, revocations=False)
+        # An answer that cannot change with time (Gate.check `valid_until`): the certificate covers the record's whole
+        # life, revocations are left to the readers (protocol/dht.py), record by record.
+        self._gate.check(parsed.membership, owner_peer_id, valid_until=expires_at)
 
     @property
     def priority(self) -> int:

@@ -74,7 +74,7 @@ def _read(sdht: SwarmNet, spec: SwarmSpec, key: str, model: type[_R], timeout_s:
                 raise RecordError(f"names peer {record.peer_id} but is signed by {owner_peer_id}")
             if model is RevocationRecord:
                 gate.learn(record.token)  # the owner's signature is the authority; the relayer is a member
-            gate.check(record.membership, owner_peer_id, revocations=model is not RevocationRecord)
+            gate.check(record.membership, owner_peer_id, valid_until=0.0 if model is RevocationRecord else None)
         except (RecordError, MembershipError) as e:
             logger.info("dropped a %s under %s: %s", model.__name__, key, e)
             continue

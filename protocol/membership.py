@@ -201,8 +201,9 @@ def parse(token: str | bytes) -> tuple[Membership, bytes, bytes]:
 
 
 def verify(token: str | bytes | None, *, owner_key: str, swarm_id: str, peer_id: str,
-           now: float | None = None) -> Membership:
-    """The certificate, if it admits `peer_id` to `swarm_id` now; else MembershipError saying why."""
+           now: float | None = None, check_expiry: bool = True) -> Membership:
+    """The certificate, if it admits `peer_id` to `swarm_id` now (`check_expiry=False`: at some time); else
+    MembershipError saying why."""
     if not token:
         raise MembershipError("no membership certificate presented (this swarm is private)")
     cert, payload, signature = parse(token)
@@ -215,7 +216,7 @@ def verify(token: str | bytes | None, *, owner_key: str, swarm_id: str, peer_id:
     if cert.peer_id != peer_id:
         raise MembershipError(f"certificate is for peer {cert.peer_id}, presented by {peer_id}")
     now = time.time() if now is None else now
-    if now > cert.expires_at + CLOCK_SKEW_S:
+    if check_expiry and now > cert.expires_at + CLOCK_SKEW_S:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(cert.expires_at))
         raise MembershipError(f"certificate expired at {when}; ask the swarm's owner for a new one")
     return cert
@@ -317,13 +318,22 @@ class Gate:
         return self.revocations is not None and peer_id in self.revocations.peers
 
     def check(self, token: str | bytes | None, peer_id: str, now: float | None = None,
-              revocations: bool = True) -> None:
-        """Raise MembershipError unless `peer_id` may take part (always passes in an open swarm). `revocations=False`:
-        the DHT validator's check, which must not depend on what this process learnt lately (hivemind drops a
-        storer's whole dictionary when one entry fails: the revoked peer's old records would hide everyone's)."""
+              valid_until: float | None = None) -> None:
+        """Raise MembershipError unless `peer_id` may take part (always passes in an open swarm).
+
+        `valid_until` (the DHT validator: a record's expiration time): instead of "now", the certificate must cover
+        the record's whole life, and revocations are not applied. Both make the answer the same whenever it is
+        asked: hivemind drops a storer's whole dictionary when one entry fails, so a record whose certificate
+        expired, or whose writer was revoked, after it was stored would hide everyone's. Readers apply revocations
+        record by record."""
         if not self.private:
             return
-        if revocations and self.revoked(peer_id):
+        if valid_until is not None:
+            cert = verify(token, owner_key=self.owner_key, swarm_id=self.swarm_id, peer_id=peer_id, check_expiry=False)
+            if cert.expires_at + CLOCK_SKEW_S < valid_until:
+                raise MembershipError("certificate expires before the record does; ask the swarm's owner for a new one")
+            return
+        if self.revoked(peer_id):
             raise MembershipError(f"peer {peer_id} was revoked by the swarm's owner")
         now = time.time() if now is None else now
         key = (token if isinstance(token, str) else repr(token), peer_id)

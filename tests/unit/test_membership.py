@@ -234,3 +234,23 @@ def test_a_full_revocation_list_fits_a_dht_record_with_the_relayers_certificate(
     relayer = cert(expires=NOW + 10**9)
     record = RevocationRecord(peer_id=PEER, token=revs.token, membership=relayer)
     assert len(msgpack.packb(record_to_wire(record))) <= MAX_RECORD_BYTES
+
+
+def test_the_dht_validators_check_gives_the_same_answer_whenever_it_is_asked():
+    """hivemind drops a storer's whole dictionary when one entry fails validation: a record stored while its
+    certificate was valid (or its writer not revoked) must not fail later. The validator's check (`valid_until`,
+    the record's expiration) asks that the certificate covers the record's life, and leaves revocations to readers."""
+    from pathswarm.protocol.membership import sign_revocations
+
+    gate = Gate(OWNER_KEY, SWARM)
+    token = cert(expires=NOW + 3600)
+    gate.check(token, PEER, valid_until=NOW + 600)  # a record living 10 minutes of the certificate's hour
+    with pytest.raises(MembershipError, match="expires before the record"):
+        gate.check(token, PEER, valid_until=NOW + 3600 + CLOCK_SKEW_S + 1)
+    gate.learn(sign_revocations(OWNER, SWARM, {PEER}, now=NOW).token)
+    gate.check(token, PEER, valid_until=NOW + 600)  # still valid as stored: readers drop it, record by record
+    with pytest.raises(MembershipError, match="revoked"):
+        gate.check(token, PEER, now=NOW + 10)
+    gate.check(token, PEER, valid_until=NOW + 600)  # and the answer does not depend on when it is asked
+    with pytest.raises(MembershipError, match="not signed"):
+        gate.check(cert(owner=Ed25519PrivateKey.generate()), PEER, valid_until=NOW)
