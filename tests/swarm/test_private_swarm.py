@@ -242,8 +242,8 @@ def test_a_revoked_member_is_shut_out_within_a_few_rounds_and_the_others_train_o
         proc = cli("swarm", "revoke", "--swarm", str(spec_path), "--peer-id", c_id, "--initial-peer", maddr)
         assert proc.returncode == 0 and "published" in proc.stdout, proc.stderr[-2000:]
         revoked_at = {n: swarm.status(n)["module_rounds"]["shared"] for n in ("a", "b")}
-        wait_until(lambda: all(swarm.status(n)["module_rounds"]["shared"] >= revoked_at[n] + 5 for n in ("a", "b")),
-                   240, "five more rounds of a and b")
+        wait_until(lambda: all(swarm.status(n)["module_rounds"]["shared"] >= revoked_at[n] + 14 for n in ("a", "b")),
+                   240, "fourteen more rounds of a and b")
         for n in ("a", "b"):
             swarm.signal(n, signal.SIGTERM)
         # c stopped by itself once it read the list (exit 2: restarting would not help); a and b on SIGTERM
@@ -255,10 +255,13 @@ def test_a_revoked_member_is_shut_out_within_a_few_rounds_and_the_others_train_o
         assert late and all(c_id not in g for g in late.values()), (n, revoked_at[n], final[n]["groups"]["shared"])
         assert final[n]["val_loss_after"] < final[n]["val_loss_before"]
     # Each node learns the list at the end of one of its rounds, not at one instant: a round the revoked peer reduced
-    # for one honest node while the other had already left it may be merged in two versions, in that window only
-    # (docs/SECURITY.md says so); the next round's out-of-sync answer brings them back to one.
+    # for one honest node while the other had already left it can be merged in two versions, and the two then follow
+    # different reducer lists until the split watch heals them (docs/SECURITY.md says so). Splits only in that
+    # window, healed, and one version of every round after it.
     check = check_replicas({"a": final["a"], "b": final["b"]})
-    window = range(min(revoked_at.values()) - 1, max(revoked_at.values()) + 4)
+    window = range(min(revoked_at.values()) - 1, max(revoked_at.values()) + 10)
     assert all(int(s.round) in window for s in check.splits), [str(s) for s in check.splits]
-    assert check.split_rounds <= 1 and check.rounds_compared > 10, [str(s) for s in check.splits]
+    assert check.rounds_compared > 10
+    if check.splits:
+        assert final["a"]["splits_healed"] + final["b"]["splits_healed"] > 0
     assert "this node was revoked by the swarm's owner: its peers refuse it from now on; stopping" in c_log
