@@ -136,9 +136,11 @@ class StateSync:
             since, next_try = self._checks.setdefault(mid, (now, now))
             if now < next_try:
                 continue
-            mine = self.worker.outer[mid]
+            mine = self.local_states.get(mid)  # its digest is already computed (hashing the state costs ~0.1 s)
+            if mine is None:
+                continue
             got = majority_state(*self.announced(mid, holders(mid)))
-            ours = got is not None and (got.round, got.digest) == (mine.round, mine.digest())
+            ours = got is not None and (got.round, got.digest) == (mine.round, mine.digest)
             # No majority yet, or announcements a round behind ours: look again. A majority that announces our own
             # state may still be finishing the round we missed: one grace window, then we believe it.
             patience = self.spec.averaging.grace_s if ours else self.spec.averaging.timeout_s
