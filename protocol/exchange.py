@@ -10,6 +10,10 @@ Every member, the reducer included, decodes those same bytes, so all apply the i
 the reducer also returns the digest the state must have afterwards, and a member that disagrees
 treats the round as failed and re-syncs.
 
+No reducer is trusted alone (protocol/audit.py): the result lists every merged contribution as (peer, tokens,
+frame hash); a member whose own entry is missing or wrong stops trusting that reducer, and members audit rounds
+at random by recomputing the mean from the listed frames.
+
 Replies: `merged` (your frame is in the mean), `late` (the round had closed; apply the mean and
 keep your outer gradient for the next round), `out_of_sync` (your state before the round differs
 from the group's: download the module's state), `behind` (the reducer is behind you). A reducer that
@@ -34,6 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pathswarm.protocol.audit import AuditService, FrameEntry, frame_hash, list_frames, parse_frame_list
 from pathswarm.protocol.clock import MONOTONIC, Clock
 from pathswarm.protocol.handlers import Budget, Guard
 from pathswarm.protocol.membership import MembershipError, gate_of
@@ -55,7 +60,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = "v2"
+PROTOCOL_VERSION = "v3"  # v3: results list their merged frames' hashes, which members check (protocol/audit.py)
 RESULTS_KEPT = 4  # closed rounds a reducer remembers for late members
 RESULTS_LOGGED = 64  # rounds whose merged tokens a reducer remembers (a healed split takes them back)
 MAX_TOKENS = 1 << 53  # most tokens one contribution may count (exact in a float; no round trains so many)
@@ -126,6 +131,8 @@ class RoundResult:
     """status 'redirect': the earlier candidate that holds the round; send the contribution there."""
     reducer: str = ""
     """Who answered (the member side fills it in): the peer to re-sync from when it says we are out of sync."""
+    frames: tuple[FrameEntry, ...] = ()
+    """(peer, tokens, frame hash) of every merged contribution, as the reducer lists them (protocol/audit.py)."""
 
     @property
     def applicable(self) -> bool:
@@ -190,7 +197,10 @@ class ModuleExchange:
             "contribute": Budget(4.0, 32, per_peer=2 * len(numels) + 2, total=1024,
                                  deadline_s=avg.grace_s + avg.timeout_s + 30),
             "state": Budget(1.0, 16, per_peer=2, total=8, deadline_s=avg.timeout_s + 5),
-            "stance": Budget(4.0, 32, per_peer=2 * len(numels) + 2, total=1024, deadline_s=STANCE_TIMEOUT_S + 5)},
+            "stance": Budget(4.0, 32, per_peer=2 * len(numels) + 2, total=1024, deadline_s=STANCE_TIMEOUT_S + 5),
+            # an audit downloads a round's frames (about once a round per group); an alert follows a proven lie
+            "frames": Budget(1.0, 8, per_peer=len(numels) + 1, total=16, deadline_s=avg.timeout_s + 5),
+            "alert": Budget(0.5, 8, per_peer=2, total=64, deadline_s=10.0)},
             self._refuse)
         self.limits = self.guard.limits
         # Modules whose reducer list this process has not seen work yet (it started from a checkpoint or the seed):
@@ -210,6 +220,11 @@ class ModuleExchange:
         self.contribute_name = f"pathswarm.{prefix}.contribute"
         self.state_name = f"pathswarm.{prefix}.state"
         self.stance_name = f"pathswarm.{prefix}.stance"
+        self.audits = AuditService(streams, prefix, numels, self._frame_limit, self._admit, self.guard.serve,
+                                   self.traffic, membership)
+        # peer → why we no longer trust it: it misreported our contribution or sent a mean its frames do not give
+        # (protocol/audit.py). It is never our reducer again, and we neither ask its stance nor merge its frames.
+        self.distrusted: dict[str, str] = {}
 
     async def start(self) -> None:
         if self.streams is None:  # offline: the node reduces its own rounds, nothing is served
@@ -217,6 +232,16 @@ class ModuleExchange:
         await self.streams.serve(self.contribute_name, self._on_contribute)
         await self.streams.serve(self.state_name, self._on_state)
         await self.streams.serve(self.stance_name, self._on_stance)
+        await self.audits.start()
+
+    def distrust(self, peer: str, reason: str) -> None:
+        if peer != self.peer_id and peer not in self.distrusted:
+            logger.error("no longer trusting peer %s: %s", peer, reason)
+            self.distrusted[peer] = reason
+
+    def _shunned(self, peer: str) -> bool:
+        """Revoked by the owner, or proven to have lied to us: no say in our rounds."""
+        return peer in self.distrusted or self.gate.revoked(peer)
 
     def _frame_limit(self, module: str) -> int:
         # An int8 frame is ~1 byte per value plus scales and headers; 2× + 64 KiB is a generous cap.
@@ -285,7 +310,7 @@ class ModuleExchange:
     async def _send_result(self, writer: asyncio.StreamWriter, r: RoundResult) -> None:
         header = {"module": r.module, "round": r.round, "status": r.status, "contributors": r.contributors,
                   "tokens": r.tokens, "digest_after": r.digest_after, "reason": r.reason,
-                  "reducers": list(r.reducers), "redirect": r.redirect}
+                  "reducers": list(r.reducers), "redirect": r.redirect, "frames": [list(e) for e in r.frames]}
         await write_message(writer, header, r.mean_frame, self.traffic)
 
     async def reduce(self, module: str, round_: int, sender: str, tokens: int, digest: str,
@@ -295,6 +320,8 @@ class ModuleExchange:
             return RoundResult(module, round_, "failed", reason="non-positive token count")
         if tokens > MAX_TOKENS:  # JSON ints have no bound: float(10**400) in weighted_average would raise
             return RoundResult(module, round_, "failed", reason="token count too large")
+        if sender in self.distrusted:
+            return RoundResult(module, round_, "failed", reason="ignored: you misreported a round to us")
         if self.offenses.get(sender, 0) >= self.spec.averaging.max_rejections:
             return RoundResult(module, round_, "failed",
                                reason=f"ignored: {self.offenses[sender]} contributions of yours were rejected")
@@ -354,7 +381,7 @@ class ModuleExchange:
         if status == "merged" and len(result.contributors) == 1:
             status = "alone"
         return RoundResult(result.module, result.round, status, result.mean_frame, result.contributors, result.tokens,
-                           result.digest_after, reducers=result.reducers)
+                           result.digest_after, reducers=result.reducers, frames=result.frames)
 
     def _open_round(self, module: str, round_: int, mine: LocalState) -> _OpenRound:
         quorum = 1 << 30 if self.sync_world else self.spec.averaging.min_group  # sync: all of them
@@ -372,8 +399,8 @@ class ModuleExchange:
         if self.streams is None or not agreed:
             return []  # offline
         if agreed[0] == self.peer_id:
-            return [p for p in agreed[1:] if not self.gate.revoked(p)] if module in self.fresh else []
-        return [p for p in earlier(agreed, self.peer_id) if not self.gate.revoked(p)]  # a revoked one has no say
+            return [p for p in agreed[1:] if not self._shunned(p)] if module in self.fresh else []
+        return [p for p in earlier(agreed, self.peer_id) if not self._shunned(p)]  # a revoked one has no say
 
     async def _rival(self, module: str, round_: int, mine: LocalState) -> tuple[str, Stance] | None:
         """Ask the candidates that come first whether one of them holds the round (once per round: concurrent
@@ -489,11 +516,14 @@ class ModuleExchange:
             open_round.done.set()
             return
         reducers = successors(self.peer_id, closed.used)
+        merged = {p: open_round.frames[p] for p in closed.used}
+        self.audits.store.keep(module, round_, merged)  # for members who audit the round
         after = None if closed.after is None else dataclasses.replace(closed.after, reducers=reducers)
         if after is not None:
             self._post[module] = after
         result = RoundResult(module, round_, "merged", closed.mean_frame, list(closed.used), closed.tokens,
-                             after.digest if after is not None else "", reducers=reducers)
+                             after.digest if after is not None else "", reducers=reducers,
+                             frames=list_frames(merged, closed.used))
         self.tokens_reduced[module] = self.tokens_reduced.get(module, 0) + closed.tokens
         log = self.reduced_log.setdefault(module, {})
         log[round_ + 1] = closed.tokens  # keyed by the state round the result makes, as the node's history
@@ -516,7 +546,7 @@ class ModuleExchange:
         the agreed failover order (protocol/reducers.py); a candidate that cannot be reached, or refuses, passes
         the round to the next, and one that redirects us to an earlier candidate is followed (twice at most)."""
         deadline = self.clock.now() + timeout_s
-        candidates = [p for p in candidates if not self.gate.revoked(p)]  # the owner revoked it: never our reducer
+        candidates = [p for p in candidates if not self._shunned(p)]  # revoked or a proven liar: never our reducer
         queue, redirects, last = list(candidates), 0, None
         while queue:
             reducer = queue.pop(0)
@@ -537,6 +567,13 @@ class ModuleExchange:
                     self.skip_until = {p: t for p, t in self.skip_until.items() if t > now}
                     self.skip_until[reducer] = now + self.spec.averaging.claim_ttl_s
                 continue
+            if last.applicable and last.status in ("merged", "alone") and reducer != self.peer_id:
+                mine = dict((p, (t, h)) for p, t, h in last.frames).get(self.peer_id)
+                if mine != (tokens, frame_hash(frame)):
+                    # Proof for us alone (others cannot know what we sent): we stop trusting it, nobody else does.
+                    self.distrust(reducer, f"its result of {module} round {round_} misreports our contribution")
+                    return RoundResult(module, round_, "failed", reason="the reducer misreported our contribution",
+                                       reducer=reducer)
             if last.applicable:
                 self.fresh.discard(module)
             return last
@@ -596,10 +633,14 @@ class ModuleExchange:
             reducers = parse_candidates(header.get("reducers") or [])
         except ValueError:
             reducers = ()
+        try:  # a result whose list does not parse lists nothing: our own entry is then missing
+            frames = parse_frame_list(header.get("frames") or [])
+        except ValueError:
+            frames = ()
         return RoundResult(module, field_of(header, "round", int), status, mean_frame,
                            [str(c) for c in contributors[:1024]], int(header.get("tokens") or 0),
                            str(header.get("digest_after") or ""), str(header.get("reason") or "")[:200],
-                           reducers=reducers, redirect=str(header.get("redirect") or "")[:128])
+                           reducers=reducers, redirect=str(header.get("redirect") or "")[:128], frames=frames)
 
     # ---- state download ----------------------------------------------------------------------
     async def _on_state(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

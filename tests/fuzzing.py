@@ -40,6 +40,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from pathswarm.compression import CodecError, decode, encode
 from pathswarm.compression.frame import checksum
 from pathswarm.node.peer.rounds import exchange_closer
+from pathswarm.protocol.audit import MAX_LISTED, frame_hash, parse_frame_list
 from pathswarm.protocol.dht import SwarmRecordValidator, peer_id_of_owner
 from pathswarm.protocol.exchange import LocalState, ModuleExchange
 from pathswarm.protocol.membership import (
@@ -767,8 +768,9 @@ def run_fetch_state(reply: bytes) -> str:
 
 
 def gen_contribute_reply(rng: random.Random) -> bytes:
-    header = {"module": "L0M0", "round": 3, "status": "merged", "contributors": [PEER], "tokens": 5,
-              "digest_after": "d1" * 8, "reason": "", "reducers": [PEER], "redirect": ""}
+    header = {"module": "L0M0", "round": 3, "status": "merged", "contributors": [PEER, OTHER_PEER], "tokens": 5,
+              "digest_after": "d1" * 8, "reason": "", "reducers": [PEER], "redirect": "",
+              "frames": [[OTHER_PEER, 5, frame_hash(FRAME)], [PEER, 7, frame_hash(FRAME)]]}
     return framed(mutated_header(header, rng), rng, FRAME)
 
 
@@ -776,6 +778,23 @@ def run_contribute_reply(reply: bytes) -> str:
     result = LOOP.run(exchange(False, FakeStreams(reply)).contribute([PEER], "L0M0", 3, 5, STATE.digest, FRAME, 5.0))
     assert isinstance(result.status, str) and isinstance(result.mean_frame, bytes)
     return "accepted" if result.status in ("merged", "alone", "late") else "refused"
+
+
+def gen_frame_list(rng: random.Random) -> object:
+    valid = [[PEER, 5, frame_hash(FRAME)], [OTHER_PEER, 1, "0" * 64]]
+    if rng.random() < 0.3:
+        return plain(rng)
+    text = mutate_text(json.dumps(valid), '[]",0123456789abcdefQm- ', rng)
+    try:
+        return json.loads(text)
+    except ValueError:  # not JSON: the text itself, as a malformed header field would arrive
+        return text
+
+
+def run_frame_list(value: object) -> str:
+    listed = parse_frame_list(value)
+    assert len(listed) <= MAX_LISTED and all(len(h) == 64 and 0 < t <= 1 << 53 for _, t, h in listed)
+    return "accepted"
 
 
 def run_decode(data: bytes) -> str:
@@ -815,6 +834,7 @@ FUZZERS = [
     Fuzzer("exchange._on_stance", gen_stance_request, run_stance),
     Fuzzer("exchange.fetch_state", gen_state_reply, run_fetch_state),
     Fuzzer("exchange.contribute (reply)", gen_contribute_reply, run_contribute_reply),
+    Fuzzer("audit.parse_frame_list", gen_frame_list, run_frame_list, (ValueError,)),
     Fuzzer("compression.decode", lambda rng: mutate_frame(rng.choice(FRAMES), rng), run_decode, (CodecError,)),
     Fuzzer("spec.loads_spec", spec_text, run_loads_spec, (SpecError,)),
 ]

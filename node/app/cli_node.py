@@ -85,12 +85,17 @@ def node_id(identity: str | None) -> None:
               help="With --checkpoint-dir, save the round in progress this often (at most; saving never takes "
                    "over 2%% of training time), so a crash or a stop loses seconds of training, not the round. "
                    "0: never.")
+@click.option("--audit-rate", type=float, default=0.25, show_default=True,
+              help="Audit a round another peer reduced with probability RATE / group size: download the frames it "
+                   "merged and recompute its mean, so a lying reducer is caught (docs/SECURITY.md). With every "
+                   "member at 0.25 a group audits one round in four. 0: never audit.")
 @friendly
 def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], membership_file: str | None,
              identity: str | None, path: str, device: str, data_dir: str | None,
              host_maddrs: tuple[str, ...], checkpoint_dir: str | None, init_dir: str | None, ready_file: str | None,
              status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int,
-             offline: bool, sync_rounds: bool, max_tokens_per_s: float, save_partial_s: float) -> None:
+             offline: bool, sync_rounds: bool, max_tokens_per_s: float, save_partial_s: float,
+             audit_rate: float) -> None:
     """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly).
 
     \b
@@ -101,7 +106,8 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
     """
     if max_rounds < 0:  # checked before the import below (torch, hivemind: seconds): a typo fails at once
         raise click.BadParameter("must be >= 0", param_hint="--max-rounds")
-    for value, hint in ((max_tokens_per_s, "--max-tokens-per-s"), (save_partial_s, "--save-partial-s")):
+    for value, hint in ((max_tokens_per_s, "--max-tokens-per-s"), (save_partial_s, "--save-partial-s"),
+                        (audit_rate, "--audit-rate")):
         if not value >= 0 or value == float("inf"):
             raise click.BadParameter("must be a finite number >= 0", param_hint=hint)
     spec, initial_peers = resolve_swarm(spec_path, join_id, tuple(initial_peers))
@@ -114,7 +120,8 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
                      checkpoint_dir=checkpoint_dir or "", init_dir=init_dir or "", ready_file=ready_file or "",
                      status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
                      wait_peers=wait_peers, offline=offline, sync_rounds=sync_rounds,
-                     max_tokens_per_s=max_tokens_per_s, partial_every_s=save_partial_s)
+                     max_tokens_per_s=max_tokens_per_s, partial_every_s=save_partial_s,
+                     audit_rate=audit_rate)
     n = Node(cfg, handle_signals=True)
     if sys.stderr.isatty():
         sys.exit(run_with_display(n))

@@ -47,10 +47,10 @@ class LocalSwarm:
         self._logs: list = []
 
     # ---- processes ---------------------------------------------------------------------------
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], entry: list[str] | None = None) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "ab")
         self._logs.append(log)
-        cmd = [sys.executable, "-m", "pathswarm", *(["--debug"] if self.debug else []), *args]
+        cmd = [sys.executable, *(entry or ["-m", "pathswarm"]), *(["--debug"] if self.debug else []), *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(self.threads)}
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
@@ -73,9 +73,9 @@ class LocalSwarm:
 
     def start_node(self, name: str, path: str = "auto", max_rounds: int = 0, extra: list[str] | None = None,
                    seed: int = 0, swarm_args: list[str] | None = None,
-                   initial_peers: list[str] | None = None) -> subprocess.Popen:
+                   initial_peers: list[str] | None = None, entry: list[str] | None = None) -> subprocess.Popen:
         """A node of the swarm: `swarm_args` replace `--swarm SPEC` (e.g. `--join ID`), `initial_peers`
-        replace the first bootstrap peer."""
+        replace the first bootstrap peer; `entry` replaces `-m pathswarm` (tests run hostile nodes so)."""
         files = self.node_files(name)
         files["ready.json"].unlink(missing_ok=True)
         peers = initial_peers if initial_peers is not None else ([self.maddr] if self.maddr else [])
@@ -84,7 +84,7 @@ class LocalSwarm:
                 "--threads", str(self.threads), "--max-rounds", str(max_rounds), "--seed", str(seed),
                 "--ready-file", str(files["ready.json"]), "--status-file", str(files["status.json"]),
                 "--checkpoint-dir", str(files["checkpoint"]), *(extra or [])]
-        proc = self._spawn(name, args)
+        proc = self._spawn(name, args, entry)
         self.nodes[name] = proc
         return proc
 

@@ -56,6 +56,11 @@ class NodeConfig:
     max_tokens_per_s: float = 0.0
     """Cap on training speed (0: none): a volunteer sharing the machine keeps it responsive, and
     benchmarks/chaos.py makes each node's speed independent of how many others share the CPU."""
+    audit_rate: float = 0.25
+    """Each round another peer reduced for us is audited with probability min(1, audit_rate / group size), drawn
+    from local randomness the reducer cannot predict (node/peer/audit.py): if every member runs the default, a
+    group audits one round in four, for about 6 % more bytes in a group of 2 and 11 % in a group of 8 (an audit
+    downloads the round's frames but our own). 0: never audit (alerts are still checked)."""
     partial_every_s: float = 2.0
     """Save the round in progress (node/partial_round.py) this often at most, and never spend more than
     1/PARTIAL_COST_SHARE of training time on it (0: never; needs checkpoint_dir): a crash then loses seconds of
@@ -121,6 +126,10 @@ class NodeStatus:
     """Seconds the training loop spent on round work instead of inner steps, by kind (settle: waiting for the
     previous round; claims: reading who holds the modules; send: encoding outer gradients; checkpoint;
     announce: DHT records; status: the status file). Their sum is the round's cost in training time."""
+    audits: int = 0
+    """Rounds of other reducers this node recomputed from their frames (node/peer/audit.py)."""
+    distrusted: dict[str, str] = field(default_factory=dict)
+    """peer → why this node stopped trusting it (a misreported contribution, a mean its frames do not give)."""
     state: str = "starting"
 
 

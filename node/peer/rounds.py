@@ -14,10 +14,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from pathswarm.node.peer.audit import Auditor
 from pathswarm.node.peer.claims import Groups
 from pathswarm.node.peer.config import NodeConfig, NodeStatus
 from pathswarm.node.train.outer import OuterState
-from pathswarm.node.train.round import Contribution, close_round, make_contribution, settle
+from pathswarm.node.train.round import Contribution, close_round, make_contribution, reference_norm, settle
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.exchange import RANK_LOST, Closed, Closer, LocalState, ModuleExchange, RoundResult
 from pathswarm.protocol.netloop import NetLoop
@@ -63,6 +64,7 @@ class Rounds:
         self.abandoned = False  # a round's fate is unknown: its steps may or may not be in the swarm's anchor
         # module → state round → our tokens merged in the round that made it (a healed split takes them back)
         self.merged_log: dict[str, dict[int, int]] = {}
+        self.auditor = Auditor(cfg, status, exchange, net)  # checks other reducers' means (docs/SECURITY.md)
 
     def send(self, groups: Groups) -> None:
         """Every module's outer gradient to its reducer; the rounds run in the background. Who reduces follows from
@@ -73,6 +75,7 @@ class Rounds:
             if mid in self.resync_from or mid in self.resync_check:
                 self.carry[mid] = self.carry.get(mid, 0) + tokens  # re-synced keeping our progress
                 continue
+            self.auditor.before_send(mid)
             st = self.worker.outer[mid]
             sent = make_contribution(st, self.worker.flat(mid), self.worker.feedback[mid], self.spec.codec,
                                      tokens + self.carry.pop(mid, 0))
@@ -88,6 +91,7 @@ class Rounds:
         rounds still open at the deadline (at shutdown)."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None
                                        else self.spec.averaging.grace_s + self.spec.averaging.timeout_s + 5)
+        self.auditor.poll()
         for mid in list(self.in_flight):
             item = self.in_flight[mid]
             if not item.future.done():
@@ -118,6 +122,9 @@ class Rounds:
                      len(result.contributors), result.reason)
         self.status.history.setdefault(mid, {})
         discard = self.cfg.sync_rounds and result.reason.startswith(RANK_LOST)
+        if result.applicable and result.reducer and result.reducer != self.status.peer_id:
+            # before settle: the round rule's history norm is the momentum's before this round's mean moves it
+            self.auditor.record(mid, result, reference_norm(st), (item.sent.tokens, item.sent.frame))
         done = settle(st, item.sent, self.worker.flat(mid), result.status, result.round,
                       result.mean_frame if result.applicable else b"", result.digest_after, self.spec.outer,
                       discard=discard, next_reducers=result.reducers)

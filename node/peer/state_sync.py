@@ -79,7 +79,7 @@ class StateSync:
         me, mine = self.status.peer_id, self.worker.outer[mid]
         seasoned = {p for p, r in claimed.items() if r > 0}
         got = vouched_state([(a.peer_id, a.round, a.digest) for a in anns], me, mine.round,
-                            counted_peers(seasoned, claimed, me))
+                            counted_peers(seasoned, claimed, me, self.status.distrusted))
         if got is None:
             return ""
         for peer in got.peers:
@@ -115,7 +115,7 @@ class StateSync:
         announced = [(a.peer_id, a.round, a.digest) for a in read_module_holders(self.sdht, self.spec, mid)]
         # list(): one step under the GIL, so the chores thread (split watch) reads it while the training thread adds
         merged = {p for members in list(self.status.groups.get(mid, {}).values()) for p in members}
-        return announced, me, counted_peers(merged, claim_holders, me)
+        return announced, me, counted_peers(merged, claim_holders, me, list(self.status.distrusted))
 
     def behind(self, mid: str, claim_holders: list[str], rounds) -> None:
         """A contribution claimed a later round of `mid` than ours: re-sync only to a state a majority vouches for."""

@@ -48,7 +48,9 @@ def vouched_state(announced: Iterable[tuple[str, int, str]], me: str, my_round: 
     return got if got is not None and got.round > my_round else None
 
 
-def counted_peers(merged_with: Iterable[str], claim_holders: Iterable[str], me: str) -> set[str]:
-    """The peers whose announcements count: those we merged rounds with, else (no history) the claims' holders."""
-    seasoned = set(merged_with) - {me}
-    return seasoned if seasoned else set(claim_holders) - {me}
+def counted_peers(merged_with: Iterable[str], claim_holders: Iterable[str], me: str,
+                  distrusted: Iterable[str] = ()) -> set[str]:
+    """The peers whose announcements count: those we merged rounds with, else (no history) the claims' holders;
+    never a peer we caught lying (node/peer/audit.py), whose own replicas it may have made agree with it."""
+    out = set(merged_with) - {me} or set(claim_holders) - {me}
+    return out - set(distrusted)

@@ -33,6 +33,7 @@ import torch
 from pathswarm.compression import CodecError, ErrorFeedback, decode, encode
 from pathswarm.node.train.outer import OuterState, pseudo_gradient
 from pathswarm.protocol.aggregate import merge
+from pathswarm.protocol.audit import frame_hash
 from pathswarm.protocol.spec import CodecSpec, OuterOptSpec, SwarmSpec
 
 APPLIED = ("merged", "alone", "late")
@@ -119,14 +120,9 @@ def close_round(contributions: Sequence[tuple[str, int, bytes]], numel: int, spe
 
     `before`: the module's state the round opened with; the result then carries the state after the round
     (its digest is what every member must reach). `before` is not modified."""
-    cap = max_weight(spec)
-    ordered = sorted(((peer, min(tokens, cap), frame) for peer, tokens, frame in contributions), key=lambda c: c[0])
-    avg = spec.averaging
     # A group of 1 or 2 has no majority to measure a norm against: the module's outer momentum (the running sum of
     # the rounds merged so far, the same on every replica) bounds it instead.
-    reference = float(torch.linalg.vector_norm(before.momentum)) if before is not None else 0.0
-    merged = merge(ordered, numel, norm_bound=avg.norm_bound, clip_factor=avg.clip_factor,
-                   clip_iterations=avg.clip_iterations, reference=reference)
+    merged = _merge(contributions, numel, spec, reference_norm(before))
     if merged.mean is None:
         return ClosedRound(b"", (), 0, tuple(merged.rejected))
     # The mean is encoded without error feedback: every member decodes exactly these bytes.
@@ -138,6 +134,51 @@ def close_round(contributions: Sequence[tuple[str, int, bytes]], numel: int, spe
     claimed = dict((peer, tokens) for peer, tokens, _ in contributions)  # the tokens they trained, uncapped
     return ClosedRound(mean_frame, tuple(merged.used), sum(claimed[p] for p in merged.used), tuple(merged.rejected),
                        after)
+
+
+def reference_norm(before: OuterState | None) -> float:
+    """The history norm that bounds a group of 1 or 2 (protocol/aggregate.py): the outer momentum's, or 0."""
+    return float(torch.linalg.vector_norm(before.momentum)) if before is not None else 0.0
+
+
+def _merge(contributions: Sequence[tuple[str, int, bytes]], numel: int, spec: SwarmSpec, reference: float):
+    cap = max_weight(spec)
+    ordered = sorted(((peer, min(tokens, cap), frame) for peer, tokens, frame in contributions), key=lambda c: c[0])
+    avg = spec.averaging
+    return merge(ordered, numel, norm_bound=avg.norm_bound, clip_factor=avg.clip_factor,
+                 clip_iterations=avg.clip_iterations, reference=reference)
+
+
+AUDIT_TOLERANCE = 1e-2
+"""An audited mean may differ from the recomputed one by this fraction of its norm: another machine's float sums
+(SIMD width, threads) may round a few values into the next int8 step. A reducer can bias a round by no more."""
+
+
+def audit_mean(frames: dict[str, tuple[int, bytes]], listed: Sequence[tuple[str, int, str]], mean_frame: bytes,
+               numel: int, spec: SwarmSpec, reference: float) -> str | None:
+    """Check a reducer's result against the frames it says it merged (protocol/audit.py): None when the mean is
+    what the round rule makes of them, else the proof in words. `frames`: {peer: (tokens, frame)} as downloaded;
+    `listed`: the result's (peer, tokens, frame hash) list, as the reducer sent it to us; `reference`: the
+    module's outer momentum norm before the round (`reference_norm`). Raises ValueError when the frames are not
+    the listed ones (no proof: whoever served them may be the liar)."""
+    want = {p: (t, h) for p, t, h in listed}
+    got = {p: (t, frame_hash(f)) for p, (t, f) in frames.items()}
+    if got != want:
+        raise ValueError("the frames served are not the ones the result lists")
+    merged = _merge([(p, t, f) for p, (t, f) in frames.items()], numel, spec, reference)
+    if merged.mean is None:
+        return "none of the listed frames passes screening, yet the result has a mean"
+    if merged.rejected:
+        return f"the result lists {len(merged.rejected)} frame(s) the screen rejects ({merged.rejected[0][1]})"
+    try:
+        theirs = decode_mean(mean_frame, numel)
+    except RoundError as e:
+        return str(e)
+    ours = decode_mean(encode(merged.mean, **encode_args(spec.codec)), numel)
+    gap, size = float(torch.linalg.vector_norm(theirs - ours)), float(torch.linalg.vector_norm(ours))
+    if gap > AUDIT_TOLERANCE * size + 1e-12:
+        return f"its mean is {gap / max(size, 1e-30):.3g}x the recomputed mean's norm away from it"
+    return None
 
 
 def decode_mean(frame: bytes, numel: int) -> torch.Tensor:

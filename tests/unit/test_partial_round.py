@@ -148,8 +148,9 @@ def test_sending_a_round_discards_the_saved_one_and_the_next_save_leaves_the_sen
     node.worker = w = _worker(spec, synthetic_docs)
     # the network side of a send, stubbed: this checks the node's own bookkeeping
     net = SimpleNamespace(submit=lambda coro: concurrent.futures.Future())
-    node.rounds = Rounds(node.cfg, node.status, w, SimpleNamespace(contribute=lambda *args: None, skipped=list), net,
-                         lambda mid: None)
+    exchange = SimpleNamespace(contribute=lambda *args: None, skipped=list, distrusted={},
+                               audits=SimpleNamespace(alerts=[]))
+    node.rounds = Rounds(node.cfg, node.status, w, exchange, net, lambda mid: None)
     w.train_inner(3)
     node.partial.maybe_save(node._save_partial, node.work)
     assert (tmp_path / FILE).is_file()

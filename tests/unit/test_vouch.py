@@ -33,6 +33,8 @@ def test_nothing_newer_than_ours_and_our_own_voice_are_ignored():
 def test_counted_peers_are_those_we_merged_with_else_the_claims():
     assert counted_peers({"a", "b", "me"}, {"a", "b", "c", "evil"}, "me") == {"a", "b"}
     assert counted_peers(set(), {"a", "me"}, "me") == {"a"}
+    # A reducer caught lying (node/peer/audit.py) counts for nothing in a majority.
+    assert counted_peers({"a", "liar", "me"}, {"a", "liar"}, "me", {"liar": "its mean is not its frames'"}) == {"a"}
 
 
 def test_the_majority_state_is_what_a_node_told_it_is_out_of_sync_compares_with_its_own():

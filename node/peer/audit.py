@@ -1,0 +1,164 @@
+"""The node's side of auditing reducers (docs/SECURITY.md, "No reducer trusted alone"): which rounds to audit,
+checking them, and checking what other members report.
+
+For each round another peer reduced and we applied, we keep what that reducer sent us (its list of merged frames,
+the mean's bytes) and the history norm the round rule needed; with probability min(1, audit_rate / group size),
+drawn from the operating system's randomness (the reducer cannot predict who audits), we download the listed
+frames from the reducer and recompute the mean (node/train/round.py `audit_mean`). A mean that does not match is
+proof: we stop trusting the reducer (never our reducer again, its frames refused) and alert the round's other
+contributors. An alert makes its receiver download the frames from the alerter and check them against the result
+*it* received: only that check moves it. The round the liar reduced stays applied on every replica that took it
+(they still agree with each other); the audit bounds a liar to the rounds before it is caught.
+
+Downloads run on the network loop; checks run in the training thread (`poll`), and a module's checks are done
+before its next round is sent (`before_send`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from pathswarm.node.peer.config import NodeConfig, NodeStatus
+from pathswarm.node.train.round import audit_mean
+from pathswarm.protocol.audit import FRAMES_KEPT, Alert, FrameEntry
+from pathswarm.protocol.exchange import ModuleExchange, RoundResult
+from pathswarm.protocol.netloop import NetLoop
+
+logger = logging.getLogger(__name__)
+
+FALSE_ALERTS_IGNORED = 3
+"""A peer whose alerts were wrong this many times is not listened to again (each costs us a download)."""
+
+
+@dataclass(frozen=True)
+class Received:
+    """What a reducer sent us for one round, kept for audits: enough to check its frames later."""
+
+    reducer: str
+    listed: tuple[FrameEntry, ...]
+    mean_frame: bytes
+    reference: float
+    contributors: tuple[str, ...]
+    own: tuple[int, bytes] | None
+    """Our own (tokens, frame) when it is in the round: not downloaded again."""
+
+
+@dataclass
+class _Check:
+    module: str
+    round: int
+    source: str
+    """Who the frames come from: the reducer (our own audit) or the member that alerted us."""
+    alert: Alert | None
+    future: Future
+
+
+class Auditor:
+    """Audits other reducers' rounds and checks alerts. Driven by the training thread (`record`, `poll`)."""
+
+    def __init__(self, cfg: NodeConfig, status: NodeStatus, exchange: ModuleExchange, net: NetLoop):
+        self.cfg, self.spec, self.status = cfg, cfg.spec, status
+        self.exchange, self.net = exchange, net
+        self.received: dict[tuple[str, int], Received] = {}
+        self.checks: list[_Check] = []
+        self.false_alerts: dict[str, int] = {}
+        self.rng = random.SystemRandom()
+
+    def record(self, module: str, result: RoundResult, reference: float, own: tuple[int, bytes]) -> None:
+        """A round we are about to apply: remember it, and audit it at random when another peer reduced it.
+        `own`: the (tokens, frame) we sent for it."""
+        reducer = result.reducer
+        if not reducer or reducer == self.status.peer_id or not result.frames:
+            return
+        mine = self.status.peer_id in {p for p, _, _ in result.frames}
+        self.received[(module, result.round)] = Received(reducer, result.frames, result.mean_frame, reference,
+                                                         tuple(result.contributors), own if mine else None)
+        for old in sorted(r for m, r in self.received if m == module)[:-FRAMES_KEPT]:
+            del self.received[(module, old)]
+        rate = self.cfg.audit_rate
+        if rate > 0 and self.rng.random() < min(1.0, rate / max(1, len(result.contributors))):
+            self._fetch(module, result.round, reducer, None)
+
+    def _fetch(self, module: str, round_: int, source: str, alert: Alert | None) -> None:
+        timeout = self.spec.averaging.timeout_s
+        fut = self.net.submit(self.exchange.audits.fetch_frames(source, module, round_, timeout,
+                                                                skip=self.status.peer_id))
+        self.checks.append(_Check(module, round_, source, alert, fut))
+
+    def poll(self) -> None:
+        """Check the downloads that are done, and start checking the alerts that came in."""
+        self.status.distrusted = dict(self.exchange.distrusted)
+        while self.exchange.audits.alerts:
+            self._on_alert(self.exchange.audits.alerts.popleft())
+        pending = []
+        for check in self.checks:
+            if check.future.done():
+                self._check(check)
+            else:
+                pending.append(check)
+        self.checks = pending
+
+    def before_send(self, module: str) -> None:
+        """Finish the checks of `module` still running (each waits at most the grace window) before its next round
+        is sent: a round sent to a reducer our audit is about to prove a liar would merge us with it while the
+        rest of the group has left it (a split)."""
+        self.poll()
+        deadline = time.monotonic() + self.spec.averaging.grace_s
+        for check in [c for c in self.checks if c.module == module]:
+            try:
+                check.future.result(max(0.0, deadline - time.monotonic()))
+            except Exception:
+                pass
+        self.poll()
+
+    def _on_alert(self, alert: Alert) -> None:
+        got = self.received.get((alert.module, alert.round))
+        if (got is None or got.reducer != alert.reducer or alert.reducer in self.exchange.distrusted
+                or self.false_alerts.get(alert.sender, 0) >= FALSE_ALERTS_IGNORED):
+            return  # not a round we hold, already settled, or an alerter that cried wolf too often
+        logger.warning("peer %s says reducer %s lied in %s round %d; checking", alert.sender[-8:],
+                       alert.reducer[-8:], alert.module, alert.round)
+        self._fetch(alert.module, alert.round, alert.sender, alert)
+
+    def _check(self, check: _Check) -> None:
+        got = self.received.get((check.module, check.round))
+        try:
+            frames = check.future.result()
+        except Exception:
+            frames = None
+        if got is None or got.reducer in self.exchange.distrusted:
+            return
+        proof = None
+        if frames is not None:
+            if got.own is not None:
+                frames = {**frames, self.status.peer_id: got.own}
+            try:
+                proof = audit_mean(frames, got.listed, got.mean_frame, self.exchange.numels[check.module], self.spec,
+                                   got.reference)
+            except ValueError as e:
+                logger.warning("audit of %s round %d: frames from %s: %s", check.module, check.round,
+                               check.source[-8:], e)
+                frames = None
+        if check.alert is None:
+            if frames is None:
+                logger.info("audit of %s round %d: no frames from its reducer %s", check.module, check.round,
+                            got.reducer[-8:])
+                return
+            self.status.audits += 1
+        elif proof is None:
+            self.false_alerts[check.source] = self.false_alerts.get(check.source, 0) + 1
+            logger.warning("alert from %s about %s round %d not confirmed", check.source[-8:], check.module,
+                           check.round)
+            return
+        if proof is None:
+            return
+        reason = f"its mean of {check.module} round {check.round} is not what its frames give: {proof}"
+        self.exchange.distrust(got.reducer, reason)
+        self.exchange.audits.store.keep(check.module, check.round, frames)  # the proof, for those we alert
+        others = [p for p in got.contributors if p not in (self.status.peer_id, got.reducer, check.source)]
+        if others:
+            self.net.submit(self.exchange.audits.send_alert(others, check.module, check.round, got.reducer, 10.0))

@@ -1,0 +1,86 @@
+"""Auditing a reducer (protocol/audit.py, node/train/round.py `audit_mean`): the list a result carries, the
+recomputation that proves a lie, and the parser of lists received from strangers."""
+
+import asyncio
+
+import pytest
+import torch
+
+from pathswarm.compression import decode, encode
+from pathswarm.node.peer.rounds import exchange_closer
+from pathswarm.node.train.round import AUDIT_TOLERANCE, audit_mean
+from pathswarm.protocol.audit import MAX_LISTED, frame_hash, parse_frame_list
+from pathswarm.protocol.exchange import LocalState, ModuleExchange
+from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
+
+NUMEL = 1000
+SPEC = SwarmSpec(averaging=AveragingSpec(min_group=3, grace_s=0.5))
+PEERS = ["QmA", "QmB", "QmC"]
+
+
+def closed_round():
+    """Three contributions reduced by a real exchange: its result and the frames it keeps for audits."""
+    mine = LocalState(0, "d0", torch.linspace(-1, 1, NUMEL), torch.zeros(NUMEL))
+    ex = ModuleExchange(SPEC, None, "QmR", {"m": NUMEL}, lambda m: mine, exchange_closer(SPEC))
+    ex.expected_holders["m"] = 3
+    gen = torch.Generator().manual_seed(1)
+    sent = {p: (100 * (i + 1), encode(torch.randn(NUMEL, generator=gen) * 1e-2)) for i, p in enumerate(PEERS)}
+
+    async def go():
+        return await asyncio.gather(*(ex.reduce("m", 0, p, t, "d0", f) for p, (t, f) in sent.items()))
+
+    return asyncio.run(go())[0], ex, sent
+
+
+def test_a_result_lists_every_merged_frame_and_the_reducer_keeps_them():
+    result, ex, sent = closed_round()
+    assert result.status == "merged"
+    assert result.frames == tuple((p, sent[p][0], frame_hash(sent[p][1])) for p in PEERS)
+    assert ex.audits.store.get("m", 0) == sent
+
+
+def test_the_honest_mean_passes_the_audit_and_a_scaled_or_replaced_one_is_proven_wrong():
+    result, ex, sent = closed_round()
+    frames = ex.audits.store.get("m", 0)
+    assert audit_mean(frames, result.frames, result.mean_frame, NUMEL, SPEC, 0.0) is None
+    true = decode(result.mean_frame)
+    for lie in (true * 1.5, -true, true + 1e-1 * torch.randn(NUMEL), torch.zeros(NUMEL) + 1e3):
+        proof = audit_mean(frames, result.frames, encode(lie), NUMEL, SPEC, 0.0)
+        assert proof is not None and "recomputed" in proof, proof
+    # Within the tolerance (another machine's rounding): not a lie.
+    near = true + (AUDIT_TOLERANCE / 4) * float(true.norm()) / NUMEL ** 0.5 * torch.ones(NUMEL)
+    assert audit_mean(frames, result.frames, encode(near), NUMEL, SPEC, 0.0) is None
+    assert "decode" in audit_mean(frames, result.frames, b"junk", NUMEL, SPEC, 0.0)
+
+
+def test_frames_that_are_not_the_listed_ones_prove_nothing():
+    result, ex, sent = closed_round()
+    frames = dict(ex.audits.store.get("m", 0))
+    frames["QmA"] = (frames["QmA"][0], encode(torch.ones(NUMEL)))  # whoever served them changed one
+    with pytest.raises(ValueError):
+        audit_mean(frames, result.frames, result.mean_frame, NUMEL, SPEC, 0.0)
+    frames = dict(ex.audits.store.get("m", 0))
+    frames["QmA"] = (frames["QmA"][0] * 2, frames["QmA"][1])  # another weight than listed
+    with pytest.raises(ValueError):
+        audit_mean(frames, result.frames, result.mean_frame, NUMEL, SPEC, 0.0)
+
+
+def test_a_result_listing_a_frame_the_screen_rejects_is_proven_wrong():
+    gen = torch.Generator().manual_seed(2)
+    good = [(p, 100, encode(torch.randn(NUMEL, generator=gen) * 1e-2)) for p in PEERS]
+    huge = ("QmD", 100, encode(torch.randn(NUMEL, generator=gen) * 1e3))  # 1e5x the others' norm
+    frames = {p: (t, f) for p, t, f in [*good, huge]}
+    listed = [(p, t, frame_hash(f)) for p, (t, f) in frames.items()]
+    proof = audit_mean(frames, listed, good[0][2], NUMEL, SPEC, 0.0)
+    assert proof is not None and "rejects" in proof
+
+
+def test_frame_lists_from_strangers_are_parsed_strictly():
+    h = "ab" * 32
+    assert parse_frame_list([["QmA", 5, h], ["QmB", 1, h]]) == (("QmA", 5, h), ("QmB", 1, h))
+    assert parse_frame_list([]) == ()
+    for bad in ("x", None, {"a": 1}, [["QmA", 5]], [["QmA", True, h]], [["QmA", 0, h]], [["QmA", 1 << 60, h]],
+                [["Qm/A", 5, h]], [["QmA", 5, h.upper()]], [["QmA", 5, h[:-1]]], [["QmA", 5, h], ["QmA", 6, h]],
+                [["QmA", 5.0, h]], [["QmA", 1, h]] * 2, [[f"Qm{i}", 1, h] for i in range(MAX_LISTED + 1)]):
+        with pytest.raises(ValueError):
+            parse_frame_list(bad)
