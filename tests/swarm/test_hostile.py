@@ -214,3 +214,36 @@ def test_a_reducer_that_lies_is_caught_by_an_audit_and_left_out(tmp_path, clean_
         assert_learned_as_clean({"b": st["b"]}, clean_loss)
     finally:
         swarm.close()
+
+
+def test_a_flood_of_requests_neither_stalls_nor_slows_the_swarm(tmp_path, clean_loss):
+    """tests/hostile_flood.py floods node a for 12 s, 24 requests at a time: state downloads it never reads,
+    contributions with junk frames, stance questions, audit-frame requests. The victim refuses what is over its
+    budgets (docs/SECURITY.md, "RPC caller"), and trains on: no round waits past its grace window, replicas agree,
+    loss as in the clean run."""
+    swarm, spec_path = start_swarm(tmp_path)
+    try:
+        report, errors = tmp_path / "flood.json", tmp_path / "flood.err"
+        with open(errors, "w") as err:
+            hostile = subprocess.Popen(
+                [sys.executable, "-m", "tests.hostile_flood", spec_path, swarm.maddr,
+                 str(swarm.node_files("a")["status.json"]), str(report), "12"],
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            assert hostile.stdout.readline().strip() == "flooding", errors.read_text()[-3000:]
+            start_joiner(swarm)
+            assert hostile.wait(timeout=120) == 0, errors.read_text()[-3000:]
+        finally:
+            hostile.kill()
+        st = finish(swarm)
+        attack = json.loads(report.read_text())
+        assert sum(attack["sent"].values()) >= 100 and set(attack["sent"]) == {"state", "contribute", "stance",
+                                                                                 "frames"}, attack
+        refused = sum(n for k, n in attack["answers"].items() if "refused" in k)
+        assert refused >= 20, attack  # the budgets engaged: the flood was answered "rate limited" or "busy"
+        grace = hostile_spec().averaging.grace_s
+        for n, s in st.items():
+            assert s["wait_max_s"] <= grace + 5, (n, s["wait_max_s"])
+        assert_learned_as_clean(st, clean_loss)
+    finally:
+        swarm.close()
