@@ -24,8 +24,9 @@ from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.spec import load_spec
 from pathswarm.protocol.wire import read_message, write_message
 
-WORKERS = 24
+WORKERS = 8  # requests in flight at once (more only costs the machine the test runs on)
 HOLD_S = 20.0  # how long an unread state download is kept open
+MAX_HELD = 200  # unread state downloads open at once
 
 
 def victim_of(status_path: str) -> dict:
@@ -50,7 +51,11 @@ async def flood(streams, victim: str, prefix: str, seconds: float, sent: Counter
         "stance": ({"module": "shared", "round": 1, "digest": "0" * 64}, None),
         "frames": ({"module": "shared", "round": 1}, None),
     }
-    held: list = []
+    held: set[asyncio.Task] = set()
+
+    async def hold(writer) -> None:
+        await asyncio.sleep(HOLD_S)
+        writer.close()
 
     async def one(kind: str) -> None:
         header, then = requests[kind]
@@ -59,14 +64,15 @@ async def flood(streams, victim: str, prefix: str, seconds: float, sent: Counter
         if then is not None:
             await write_message(writer, {}, then)
         sent[kind] += 1
-        if kind == "state":  # never read: the stream stays open with the reply unread
-            held.append(writer)
-            await asyncio.sleep(HOLD_S)
-            writer.close()
+        if kind == "state" and len(held) < MAX_HELD:  # never read: the stream stays open with the reply unread
+            task = asyncio.ensure_future(hold(writer))
+            held.add(task)
+            task.add_done_callback(held.discard)
             return
         try:
             reply, _ = await asyncio.wait_for(read_message(reader, 1 << 20), 5.0)
-            answers[f"{kind}: {reply.get('status')} {str(reply.get('reason', ''))[:20]}".strip()] += 1
+            said = reply.get("status") or reply.get("stance")
+            answers[f"{kind}: {said} {str(reply.get('reason', ''))[:20]}".strip()] += 1
         finally:
             writer.close()
 
@@ -82,6 +88,7 @@ async def flood(streams, victim: str, prefix: str, seconds: float, sent: Counter
             n += 1
 
     await asyncio.gather(*(worker(i) for i in range(WORKERS)))
+    await asyncio.gather(*held, return_exceptions=True)
 
 
 def main(spec_path: str, initial_peer: str, victim_status: str, report: str, seconds: float) -> None:
