@@ -85,10 +85,10 @@ def node_id(identity: str | None) -> None:
               help="With --checkpoint-dir, save the round in progress this often (at most; saving never takes "
                    "over 2%% of training time), so a crash or a stop loses seconds of training, not the round. "
                    "0: never.")
-@click.option("--audit-rate", type=float, default=0.25, show_default=True,
+@click.option("--audit-rate", type=float, default=0.2, show_default=True,
               help="Audit a round another peer reduced with probability RATE / group size: download the frames it "
                    "merged and recompute its mean, so a lying reducer is caught (docs/SECURITY.md). With every "
-                   "member at 0.25 a group audits one round in four. 0: never audit.")
+                   "member at 0.2 a group audits one round in five. 0: never audit.")
 @friendly
 def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], membership_file: str | None,
              identity: str | None, path: str, device: str, data_dir: str | None,

@@ -21,6 +21,8 @@ input, which is what keeps replicas bit-identical.
             discard them (local ← anchor), as data-parallel training redoes a step a dead rank broke.
    With no overlap (local_now == local_when_sent, as in the simulator) `merged` leaves local = new anchor:
    plain DiLoCo.
+4. `audit_mean` (a member auditing another's round, protocol/audit.py): the frames the result lists →
+   the same screened, clipped mean → is the reducer's within AUDIT_TOLERANCE of it?
 """
 
 from __future__ import annotations
