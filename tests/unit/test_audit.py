@@ -84,3 +84,22 @@ def test_frame_lists_from_strangers_are_parsed_strictly():
                 [["QmA", 5.0, h]], [["QmA", 1, h]] * 2, [[f"Qm{i}", 1, h] for i in range(MAX_LISTED + 1)]):
         with pytest.raises(ValueError):
             parse_frame_list(bad)
+
+
+def test_a_result_of_the_largest_group_fits_in_one_header():
+    """A result lists up to MAX_LISTED contributors with their frame hashes: its header must still be one message
+    (a group too large for it used to fail every member's round at the reducer's reply)."""
+    from pathswarm.protocol.exchange import RoundResult
+    from pathswarm.protocol.reducers import MAX_CANDIDATES
+
+    from ..fuzzing import Sink, read
+
+    peers = [f"Qm{i:044d}" for i in range(MAX_LISTED)]
+    result = RoundResult("m", 7, "merged", b"x", peers, 1 << 40, "ab" * 32, reducers=tuple(peers[:MAX_CANDIDATES]),
+                         frames=tuple((p, 1 << 40, "cd" * 32) for p in peers))
+    ex = ModuleExchange(SPEC, None, "QmR", {"m": NUMEL}, lambda m: None, exchange_closer(SPEC))
+    sink = Sink()
+    asyncio.run(ex._send_result(sink, result))
+    header, payload = asyncio.run(read(bytes(sink.data), 16))
+    assert payload == b"x" and parse_frame_list(header["frames"]) == result.frames
+    assert len(header["contributors"]) == MAX_LISTED
