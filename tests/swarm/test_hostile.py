@@ -71,6 +71,19 @@ def start_joiner(swarm: LocalSwarm) -> dict:
     return swarm.wait_ready(JOINER["name"])
 
 
+def spawn_hostile(module: str, args: list[str], errors: Path, ready: str) -> subprocess.Popen:
+    """Start `python -m MODULE ARGS` (a hostile process of tests/) and wait for its `ready` line on stdout."""
+    with open(errors, "w") as err:  # a file, not a pipe: nothing blocks the hostile process while we wait
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=err,
+                                text=True)
+    try:
+        assert proc.stdout.readline().strip() == ready, errors.read_text()[-3000:]
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
 def finish(swarm: LocalSwarm) -> dict[str, dict]:
     """Wait for the nodes' last round; their final status files, checked for agreeing replicas."""
     codes = swarm.wait_nodes(list(PATHS), timeout_s=150)
@@ -107,13 +120,10 @@ def test_a_peer_claiming_a_later_round_cannot_replace_a_modules_state(tmp_path, 
     swarm, spec_path = start_swarm(tmp_path)
     try:
         report, errors = tmp_path / "hostile.json", tmp_path / "hostile.err"
-        with open(errors, "w") as err:  # a file, not a pipe: nothing blocks the hostile process while we wait
-            hostile = subprocess.Popen(
-                [sys.executable, "-m", "tests.hostile_peer", spec_path, swarm.maddr,
-                 str(swarm.node_files("a")["status.json"]), str(report), "12"],
-                cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+        victim = str(swarm.node_files("a")["status.json"])
+        hostile = spawn_hostile("tests.hostile_peer", [spec_path, swarm.maddr, victim, str(report), "12"], errors,
+                                "announced")
         try:
-            assert hostile.stdout.readline().strip() == "announced", errors.read_text()[-3000:]
             joined = start_joiner(swarm)
             assert hostile.wait(timeout=180) == 0, errors.read_text()[-3000:]
         finally:
@@ -152,13 +162,10 @@ def test_a_stranger_can_neither_stuff_the_dht_nor_flood_a_node(tmp_path, clean_l
         wait_first_round(swarm)
         start_joiner(swarm)  # first, as in every arm: the flood's own CPU (same machine) would delay its start
         flood_report, flood_errors = tmp_path / "flood.json", tmp_path / "flood.err"
-        with open(flood_errors, "w") as err:
-            flood = subprocess.Popen(
-                [sys.executable, "-m", "tests.hostile_flood", spec_path, swarm.maddr,
-                 str(swarm.node_files("a")["status.json"]), str(flood_report), "12"],
-                cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+        victim = str(swarm.node_files("a")["status.json"])
+        flood = spawn_hostile("tests.hostile_flood", [spec_path, swarm.maddr, victim, str(flood_report), "12"],
+                              flood_errors, "flooding")
         try:
-            assert flood.stdout.readline().strip() == "flooding", flood_errors.read_text()[-3000:]
             report = tmp_path / "hostile-dht.json"
             hostile = subprocess.run([sys.executable, "-m", "tests.hostile_dht", spec_path, swarm.maddr, str(report)],
                                      cwd=ROOT, capture_output=True, text=True, timeout=120)
