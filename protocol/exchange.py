@@ -569,7 +569,11 @@ class ModuleExchange:
                 continue
             if last.applicable and last.status in ("merged", "alone") and reducer != self.peer_id:
                 mine = dict((p, (t, h)) for p, t, h in last.frames).get(self.peer_id)
-                if mine != (tokens, frame_hash(frame)):
+                if mine is not None and mine != (tokens, frame_hash(frame)) and module in self.fresh:
+                    # We restarted since we last sent this round: the reducer merged the frame we sent before.
+                    logger.info("%s round %d: %s merged our frame from before our restart", module, round_,
+                                reducer[-8:])
+                elif mine != (tokens, frame_hash(frame)):
                     # Proof for us alone (others cannot know what we sent): we stop trusting it, nobody else does.
                     self.distrust(reducer, f"its result of {module} round {round_} misreports our contribution")
                     return RoundResult(module, round_, "failed", reason="the reducer misreported our contribution",

@@ -103,3 +103,29 @@ def test_a_result_of_the_largest_group_fits_in_one_header():
     header, payload = asyncio.run(read(bytes(sink.data), 16))
     assert payload == b"x" and parse_frame_list(header["frames"]) == result.frames
     assert len(header["contributors"]) == MAX_LISTED
+
+
+def test_a_member_stops_trusting_a_reducer_that_misreports_its_frame_unless_it_restarted_since():
+    """The member's own check (protocol/exchange.py): a result that lists our frame with another hash or weight is a
+    lie told to us; right after a restart (the module is still `fresh`) it is the frame we sent before dying."""
+    from ..fuzzing import FRAME, OTHER_PEER, PEER, STATE, FakeStreams, exchange, message
+
+    def reply(listed_tokens: int, listed_frame: bytes) -> bytes:
+        return message({"module": "L0M0", "round": 3, "status": "merged", "contributors": [OTHER_PEER, PEER],
+                        "tokens": 12, "digest_after": "d1" * 8, "reducers": [PEER],
+                        "frames": [[OTHER_PEER, listed_tokens, frame_hash(listed_frame)], [PEER, 7, "0" * 64]]},
+                       FRAME)
+
+    def contribute(data: bytes, fresh: bool):
+        ex = exchange(False, FakeStreams(data))
+        if not fresh:
+            ex.fresh.discard("L0M0")
+        return ex, asyncio.run(ex.contribute([PEER], "L0M0", 3, 5, STATE.digest, FRAME, 5.0))
+
+    ex, honest = contribute(reply(5, FRAME), fresh=False)
+    assert honest.status == "merged" and not ex.distrusted
+    for lie in (reply(5, b"another frame"), reply(6, FRAME)):
+        ex, result = contribute(lie, fresh=False)
+        assert result.status == "failed" and "misreported" in result.reason and PEER in ex.distrusted
+    ex, restarted = contribute(reply(5, b"the frame sent before the restart"), fresh=True)
+    assert restarted.status == "merged" and not ex.distrusted
