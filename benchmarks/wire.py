@@ -9,7 +9,7 @@ ring all-reduce sends per node for the same inner steps: 2·(n−1)/n · 4 bytes
     python benchmarks/wire.py --json benchmarks/results/wire.json
 Goals (DESIGN.md): ≥ 450× at H=100 and ≥ 2000× at H=500, with the nodes' default audit rate.
 
-Audits (docs/SECURITY.md, the audited reducer) are drawn at random, one round in four per group at the default rate:
+Audits (docs/SECURITY.md, the audited reducer) are drawn at random, one round in five per group at the default rate:
 a run of a few rounds draws none or several, so bytes are measured with audits off (`--audit-rate 0`) at every H
 and with every round audited at H=100 (an audit downloads frames, which do not depend on H); the bytes at the
 default rate are the expectation computed from those two measurements (`expected_at_default`).
@@ -70,8 +70,9 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="pathswarm-wire-") as tmp:
         results = [measure(int(h), args.rounds, Path(tmp), 0.0) for h in args.inner_steps.split(",")]
+        none = next((r for r in results if r["inner_steps"] == AUDIT_H), None) or measure(AUDIT_H, args.rounds,
+                                                                                         Path(tmp), 0.0)
         every = measure(AUDIT_H, args.rounds, Path(tmp), 2.0)  # a group of 2: every round audited
-    none = next(r for r in results if r["inner_steps"] == AUDIT_H)
     audit = audit_cost(none, every)
     for r in results:
         r["default_audit_rate"] = expected_at_default(r, audit)

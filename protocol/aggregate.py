@@ -114,7 +114,7 @@ def screen(deltas: Sequence[torch.Tensor | None], norm_bound: float) -> list[str
 
 
 def merge(contributions: Sequence[tuple[str, int, bytes]], numel: int, *, norm_bound: float,
-          clip_factor: float, clip_iterations: int, reference: float = 0.0) -> Merged:
+          clip_factor: float, clip_iterations: int, reference: float = 0.0, screen_norms: bool = True) -> Merged:
     """Decode, screen and robustly average (peer, tokens, codec frame) contributions, in the order given;
     `reference`: the history norm that bounds groups of fewer than 3 (`screen`)."""
     deltas: list[torch.Tensor | None] = []
@@ -132,7 +132,9 @@ def merge(contributions: Sequence[tuple[str, int, bytes]], numel: int, *, norm_b
             continue
         deltas.append(delta)
         early.append(None)
-    reasons = [e or r for e, r in zip(early, screen(deltas, norm_bound), strict=True)]
+    # screen_norms=False: an audit of the frames a round used (the group's median was taken over all, rejected ones
+    # included, so the used ones alone would screen differently); the small-group clip below still applies.
+    reasons = [e or r for e, r in zip(early, screen(deltas, norm_bound if screen_norms else 0.0), strict=True)]
     out = Merged(None)
     kept, weights = [], []
     for (peer, tokens, _), delta, reason in zip(contributions, deltas, reasons, strict=True):

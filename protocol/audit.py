@@ -139,14 +139,16 @@ class AuditService:
             await write_message(writer, {"status": "ok", "count": len(frames)}, b"", self.traffic)
             for peer in sorted(frames):
                 tokens, frame = frames[peer]
-                await write_message(writer, {"peer": peer, "tokens": tokens}, frame, self.traffic)
+                await write_message(writer, {"peer": peer, "tokens": tokens}, b"", self.traffic)
+                await write_message(writer, {}, frame, self.traffic)
 
         await self.serve("frames", sender, reader, writer, body)
 
-    async def fetch_frames(self, peer: str, module: str, round_: int, timeout_s: float,
+    async def fetch_frames(self, peer: str, module: str, round_: int, timeout_s: float, expected: frozenset[str],
                            skip: str = "") -> dict[str, tuple[int, bytes]] | None:
         """The frames `peer` keeps for (module, round) as {contributor: (tokens, frame)}, but `skip`'s (our own: we
-        have it); None if it has none or the download fails. Each frame is bounded by the module's size; the
+        have it); None if it has none or the download fails. Only the `expected` contributors' (the result's list,
+        as we received it) are read, each bounded by the module's size: a peer cannot make us hold more. The
         caller checks their hashes."""
         limit = self.frame_limit(module)
 
@@ -159,12 +161,16 @@ class AuditService:
                 if header.get("status") != "ok":
                     return None
                 count = field_of(header, "count", int)
-                if not 0 <= count <= MAX_LISTED:
-                    raise WireError(f"{count} frames")
+                if count != len(expected - {skip}):
+                    raise WireError(f"{count} frames, the result lists {len(expected - {skip})}")
                 out: dict[str, tuple[int, bytes]] = {}
                 for _ in range(count):
-                    h, frame = await read_message(reader, limit, self.traffic)
-                    out[field_of(h, "peer", str)[:128]] = (field_of(h, "tokens", int), frame)
+                    h, _ = await read_message(reader, 0, self.traffic)  # which frame comes next, then the frame
+                    contributor = field_of(h, "peer", str)
+                    if contributor not in expected or contributor in out or contributor == skip:
+                        raise WireError("a frame the result does not list")
+                    _, frame = await read_message(reader, limit, self.traffic)
+                    out[contributor] = (field_of(h, "tokens", int), frame)
                 return out
             finally:
                 writer.close()

@@ -225,6 +225,9 @@ class ModuleExchange:
         # peer → why we no longer trust it: it misreported our contribution or sent a mean its frames do not give
         # (protocol/audit.py). It is never our reducer again, and we neither ask its stance nor merge its frames.
         self.distrusted: dict[str, str] = {}
+        # (module, round) → (tokens, frame hash) of every frame we sent for it: a resend after a lost reply carries
+        # a newer frame, and the reducer answers from the round it closed with the older one (not a lie)
+        self._sent: dict[tuple[str, int], set[tuple[int, str]]] = {}
 
     async def start(self) -> None:
         if self.streams is None:  # offline: the node reduces its own rounds, nothing is served
@@ -546,6 +549,10 @@ class ModuleExchange:
         the agreed failover order (protocol/reducers.py); a candidate that cannot be reached, or refuses, passes
         the round to the next, and one that redirects us to an earlier candidate is followed (twice at most)."""
         deadline = self.clock.now() + timeout_s
+        sent = self._sent.setdefault((module, round_), set())
+        sent.add((tokens, frame_hash(frame)))
+        for old in sorted(r for m, r in self._sent if m == module)[:-RESULTS_KEPT]:
+            self._sent.pop((module, old), None)
         candidates = [p for p in candidates if not self._shunned(p)]  # revoked or a proven liar: never our reducer
         queue, redirects, last = list(candidates), 0, None
         while queue:
@@ -567,11 +574,18 @@ class ModuleExchange:
                     self.skip_until = {p: t for p, t in self.skip_until.items() if t > now}
                     self.skip_until[reducer] = now + self.spec.averaging.claim_ttl_s
                 continue
+            if last.applicable and reducer != self.peer_id and (
+                    not last.frames or {p for p, _, _ in last.frames} != set(last.contributors)):
+                # An honest reducer lists every contributor's frame; a result without them could not be audited.
+                self.distrust(reducer, f"its result of {module} round {round_} does not list its contributors' frames")
+                return RoundResult(module, round_, "failed", reason="the reducer's result lists no frames",
+                                   reducer=reducer)
             if last.applicable and last.status in ("merged", "alone") and reducer != self.peer_id:
                 mine = dict((p, (t, h)) for p, t, h in last.frames).get(self.peer_id)
-                if mine is not None and mine != (tokens, frame_hash(frame)) and module in self.fresh:
-                    # We restarted since we last sent this round: the reducer merged the frame we sent before.
-                    logger.info("%s round %d: %s merged our frame from before our restart", module, round_,
+                if mine is not None and mine != (tokens, frame_hash(frame)) and (mine in sent or module in self.fresh):
+                    # A frame we sent for this round before (a resend after a lost reply, or before our restart):
+                    # the reducer merged that one.
+                    logger.info("%s round %d: %s merged our earlier frame of the round", module, round_,
                                 reducer[-8:])
                 elif mine != (tokens, frame_hash(frame)):
                     # Proof for us alone (others cannot know what we sent): we stop trusting it, nobody else does.

@@ -66,6 +66,7 @@ class Auditor:
         self.received: dict[tuple[str, int], Received] = {}
         self.checks: list[_Check] = []
         self.false_alerts: dict[str, int] = {}
+        self.alerted: set[tuple[str, int]] = set()  # (module, round) whose alert we checked: one check per round
         self.rng = random.SystemRandom()
 
     def record(self, module: str, result: RoundResult, reference: float, own: tuple[int, bytes]) -> None:
@@ -85,7 +86,8 @@ class Auditor:
 
     def _fetch(self, module: str, round_: int, source: str, alert: Alert | None) -> None:
         timeout = self.spec.averaging.timeout_s
-        fut = self.net.submit(self.exchange.audits.fetch_frames(source, module, round_, timeout,
+        listed = frozenset(p for p, _, _ in self.received[(module, round_)].listed)
+        fut = self.net.submit(self.exchange.audits.fetch_frames(source, module, round_, timeout, listed,
                                                                 skip=self.status.peer_id))
         self.checks.append(_Check(module, round_, source, alert, fut))
 
@@ -102,13 +104,12 @@ class Auditor:
                 pending.append(check)
         self.checks = pending
 
-    def before_send(self, module: str) -> None:
-        """Finish the checks of `module` still running (each waits at most the grace window) before its next round
-        is sent: a round sent to a reducer our audit is about to prove a liar would merge us with it while the
-        rest of the group has left it (a split)."""
+    def before_send(self, module: str, deadline: float) -> None:
+        """Finish our own audits of `module` still running (until `deadline`, one for the whole send) before its
+        next round is sent: a round sent to a reducer our audit is about to prove a liar would merge us with it
+        while the rest of the group has left it (a split). Checks of others' alerts do not hold the send."""
         self.poll()
-        deadline = time.monotonic() + self.spec.averaging.grace_s
-        for check in [c for c in self.checks if c.module == module]:
+        for check in [c for c in self.checks if c.module == module and c.alert is None]:
             try:
                 check.future.result(max(0.0, deadline - time.monotonic()))
             except Exception:
@@ -118,8 +119,12 @@ class Auditor:
     def _on_alert(self, alert: Alert) -> None:
         got = self.received.get((alert.module, alert.round))
         if (got is None or got.reducer != alert.reducer or alert.reducer in self.exchange.distrusted
+                or alert.sender not in got.contributors or (alert.module, alert.round) in self.alerted
                 or self.false_alerts.get(alert.sender, 0) >= FALSE_ALERTS_IGNORED):
-            return  # not a round we hold, already settled, or an alerter that cried wolf too often
+            # not a round we hold, already settled, not from one of its members, one check per round already,
+            # or an alerter that cried wolf too often
+            return
+        self.alerted.add((alert.module, alert.round))
         logger.warning("peer %s says reducer %s lied in %s round %d; checking", alert.sender[-8:],
                        alert.reducer[-8:], alert.module, alert.round)
         self._fetch(alert.module, alert.round, alert.sender, alert)
@@ -149,6 +154,9 @@ class Auditor:
                             got.reducer[-8:])
                 return
             self.status.audits += 1
+        elif proof is None and frames is None:
+            self.alerted.discard((check.module, check.round))  # could not download: another alert may try again
+            return
         elif proof is None:
             self.false_alerts[check.source] = self.false_alerts.get(check.source, 0) + 1
             logger.warning("alert from %s about %s round %d not confirmed", check.source[-8:], check.module,

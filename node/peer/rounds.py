@@ -71,11 +71,12 @@ class Rounds:
         the last round's result (the module state's `reducers`), else, before any, from the claims."""
         tokens = self.worker.round_tokens
         timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
+        audits_by = time.monotonic() + self.spec.averaging.grace_s  # our pending audits hold the send this long
         for mid in self.worker.module_ids:
             if mid in self.resync_from or mid in self.resync_check:
                 self.carry[mid] = self.carry.get(mid, 0) + tokens  # re-synced keeping our progress
                 continue
-            self.auditor.before_send(mid)
+            self.auditor.before_send(mid, audits_by)
             st = self.worker.outer[mid]
             sent = make_contribution(st, self.worker.flat(mid), self.worker.feedback[mid], self.spec.codec,
                                      tokens + self.carry.pop(mid, 0))

@@ -143,12 +143,13 @@ def reference_norm(before: OuterState | None) -> float:
     return float(torch.linalg.vector_norm(before.momentum)) if before is not None else 0.0
 
 
-def _merge(contributions: Sequence[tuple[str, int, bytes]], numel: int, spec: SwarmSpec, reference: float):
+def _merge(contributions: Sequence[tuple[str, int, bytes]], numel: int, spec: SwarmSpec, reference: float,
+           screen_norms: bool = True):
     cap = max_weight(spec)
     ordered = sorted(((peer, min(tokens, cap), frame) for peer, tokens, frame in contributions), key=lambda c: c[0])
     avg = spec.averaging
     return merge(ordered, numel, norm_bound=avg.norm_bound, clip_factor=avg.clip_factor,
-                 clip_iterations=avg.clip_iterations, reference=reference)
+                 clip_iterations=avg.clip_iterations, reference=reference, screen_norms=screen_norms)
 
 
 AUDIT_TOLERANCE = 1e-2
@@ -167,11 +168,14 @@ def audit_mean(frames: dict[str, tuple[int, bytes]], listed: Sequence[tuple[str,
     got = {p: (t, frame_hash(f)) for p, (t, f) in frames.items()}
     if got != want:
         raise ValueError("the frames served are not the ones the result lists")
-    merged = _merge([(p, t, f) for p, (t, f) in frames.items()], numel, spec, reference)
+    # Norms are not screened again: the reducer measured them against the median of all the round's frames, the
+    # rejected ones included, which the list does not carry. What does not decode, has the wrong size or holds NaN
+    # is rejected by any reducer, whatever the group.
+    merged = _merge([(p, t, f) for p, (t, f) in frames.items()], numel, spec, reference, screen_norms=False)
     if merged.mean is None:
-        return "none of the listed frames passes screening, yet the result has a mean"
+        return "none of the listed frames decodes, yet the result has a mean"
     if merged.rejected:
-        return f"the result lists {len(merged.rejected)} frame(s) the screen rejects ({merged.rejected[0][1]})"
+        return f"the result lists {len(merged.rejected)} frame(s) no reducer merges ({merged.rejected[0][1]})"
     try:
         theirs = decode_mean(mean_frame, numel)
     except RoundError as e:

@@ -65,14 +65,36 @@ def test_frames_that_are_not_the_listed_ones_prove_nothing():
         audit_mean(frames, result.frames, result.mean_frame, NUMEL, SPEC, 0.0)
 
 
-def test_a_result_listing_a_frame_the_screen_rejects_is_proven_wrong():
+def test_a_result_listing_a_frame_no_reducer_merges_is_proven_wrong():
     gen = torch.Generator().manual_seed(2)
     good = [(p, 100, encode(torch.randn(NUMEL, generator=gen) * 1e-2)) for p in PEERS]
-    huge = ("QmD", 100, encode(torch.randn(NUMEL, generator=gen) * 1e3))  # 1e5x the others' norm
-    frames = {p: (t, f) for p, t, f in [*good, huge]}
+    short = ("QmD", 100, encode(torch.randn(NUMEL // 2, generator=gen) * 1e-2))  # another module's size
+    frames = {p: (t, f) for p, t, f in [*good, short]}
     listed = [(p, t, frame_hash(f)) for p, (t, f) in frames.items()]
     proof = audit_mean(frames, listed, good[0][2], NUMEL, SPEC, 0.0)
-    assert proof is not None and "rejects" in proof
+    assert proof is not None and "no reducer merges" in proof
+
+
+def test_an_honest_round_that_rejected_a_frame_passes_the_audit():
+    """The reducer screened norms against the median of all the round's frames, the rejected one included: the
+    audit, which sees only the frames used, must not screen them again (the median of the used ones alone is
+    lower, and a frame the reducer rightly kept could fail it: a false proof against an honest reducer)."""
+    gen = torch.Generator().manual_seed(3)
+    mine = LocalState(0, "d0", torch.linspace(-1, 1, NUMEL), torch.zeros(NUMEL))
+    spec = SwarmSpec(averaging=AveragingSpec(min_group=5, grace_s=0.5))
+    ex = ModuleExchange(spec, None, "QmR", {"m": NUMEL}, lambda m: mine, exchange_closer(spec))
+    ex.expected_holders["m"] = 5
+    # The median norm of all five is C's (15): E is rejected (over 10x it), C and D kept; of the four used, the
+    # median is 1 (torch takes the lower middle), and a second screen would reject C and D.
+    scales = {"QmA": 1.0, "QmB": 1.0, "QmC": 15.0, "QmD": 20.0, "QmE": 1e4}
+    sent = {p: (100, encode(torch.randn(NUMEL, generator=gen) * 1e-3 * k)) for p, k in scales.items()}
+
+    async def go():
+        return await asyncio.gather(*(ex.reduce("m", 0, p, t, "d0", f) for p, (t, f) in sent.items()))
+
+    result = asyncio.run(go())[0]
+    assert [p for p, _, _ in result.frames] == ["QmA", "QmB", "QmC", "QmD"]  # E rejected
+    assert audit_mean(ex.audits.store.get("m", 0), result.frames, result.mean_frame, NUMEL, spec, 0.0) is None
 
 
 def test_frame_lists_from_strangers_are_parsed_strictly():
