@@ -549,8 +549,9 @@ class ModuleExchange:
         the agreed failover order (protocol/reducers.py); a candidate that cannot be reached, or refuses, passes
         the round to the next, and one that redirects us to an earlier candidate is followed (twice at most)."""
         deadline = self.clock.now() + timeout_s
+        own = (tokens, frame_hash(frame))  # hashed once: a frame is ~1 byte per parameter
         sent = self._sent.setdefault((module, round_), set())
-        sent.add((tokens, frame_hash(frame)))
+        sent.add(own)
         for old in sorted(r for m, r in self._sent if m == module)[:-RESULTS_KEPT]:
             self._sent.pop((module, old), None)
         candidates = [p for p in candidates if not self._shunned(p)]  # revoked or a proven liar: never our reducer
@@ -582,12 +583,12 @@ class ModuleExchange:
                                    reducer=reducer)
             if last.applicable and last.status in ("merged", "alone") and reducer != self.peer_id:
                 mine = dict((p, (t, h)) for p, t, h in last.frames).get(self.peer_id)
-                if mine is not None and mine != (tokens, frame_hash(frame)) and (mine in sent or module in self.fresh):
+                if mine is not None and mine != own and (mine in sent or module in self.fresh):
                     # A frame we sent for this round before (a resend after a lost reply, or before our restart):
                     # the reducer merged that one.
                     logger.info("%s round %d: %s merged our earlier frame of the round", module, round_,
                                 reducer[-8:])
-                elif mine != (tokens, frame_hash(frame)):
+                elif mine != own:
                     # Proof for us alone (others cannot know what we sent): we stop trusting it, nobody else does.
                     self.distrust(reducer, f"its result of {module} round {round_} misreports our contribution")
                     return RoundResult(module, round_, "failed", reason="the reducer misreported our contribution",

@@ -80,6 +80,7 @@ class Auditor:
                                                          tuple(result.contributors), own if mine else None)
         for old in sorted(r for m, r in self.received if m == module)[:-FRAMES_KEPT]:
             del self.received[(module, old)]
+            self.alerted.discard((module, old))  # an alert about a round we no longer hold is ignored anyway
         rate = self.cfg.audit_rate
         if rate > 0 and self.rng.random() < min(1.0, rate / max(1, len(result.contributors))):
             self._fetch(module, result.round, reducer, None)
