@@ -16,7 +16,7 @@ from pathswarm.jsonfile import write_json_atomic
 from pathswarm.node.app.fmt import write_figure
 from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.model.data import load_documents
-from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, SwarmSpec
+from pathswarm.protocol.spec import AveragingSpec, CodecSpec, InnerOptSpec, SwarmSpec
 
 # The harnesses the unit tests share with the benchmarks live in tests/ (tests/fuzzing.py, tests/attacks.py):
 # the repository root goes on the path, last (its pathswarm/ folder must not shadow the installed package),
@@ -42,8 +42,9 @@ def arguments(doc: str, name: str = "", plot: bool = False, replot: bool = False
     return ap
 
 
-def write_spec(directory: Path, inner_steps: int, name: str = "bench", grace_s: float = 30.0) -> tuple[SwarmSpec, Path]:
-    base = SwarmSpec(name=name, inner=InnerOptSpec(steps=inner_steps),
+def write_spec(directory: Path, inner_steps: int, name: str = "bench", grace_s: float = 30.0,
+               codec: CodecSpec | None = None) -> tuple[SwarmSpec, Path]:
+    base = SwarmSpec(name=name, inner=InnerOptSpec(steps=inner_steps), codec=codec or CodecSpec(),
                      averaging=AveragingSpec(grace_s=grace_s, timeout_s=120.0, claim_ttl_s=30.0))
     spec = init_spec(base, load_documents(base.data))
     directory.mkdir(parents=True, exist_ok=True)

@@ -39,8 +39,10 @@ from pathswarm.compression import (
     encode,
 )
 from pathswarm.compression import codec as codec_impl
+from pathswarm.compression.codecs import SparseCodec, encode_with
 from pathswarm.compression.frame import checksum, parse_frame
 from pathswarm.compression.quantize import dequantize, quantize, scale_limit
+from pathswarm.compression.sparse import decode_sparse
 from tests.fuzzing import FRAME_MAX_ELEMENTS, FRAMES, mutate_frame
 
 CORES = os.cpu_count() or 1
@@ -104,6 +106,13 @@ def ours(target_error: float):
     return (lambda x, zt: encode(x, target_error=target_error, zstd_threads=zt), decode, len)
 
 
+def sparse(fraction: float, bits: int, chunk: int = 4096):
+    """The sparse codec (compression/sparse.py) at k = fraction of each chunk; one round, no error feedback (its
+    relative error is what error feedback carries into later rounds, not what is lost)."""
+    codec = SparseCodec(chunk, max(1, round(fraction * chunk)), bits)
+    return (lambda x, zt: encode_with(codec, x), lambda b: decode_sparse(b, max_elements=1 << 31), len)
+
+
 def fp16():
     return (lambda x, zt: x.to(torch.float16), lambda b: b.to(torch.float32), lambda b: 2 * b.numel())
 
@@ -137,6 +146,10 @@ def bnb_blockwise_zstd():
 METHODS = {
     "pathswarm int8+zstd (default)": ours(DEFAULT_TARGET_ERROR),
     "pathswarm plain absmax int8+zstd": ours(0.0),
+    "pathswarm sparse k=1% 2-bit": sparse(0.01, 2),
+    "pathswarm sparse k=3% 2-bit": sparse(0.03, 2),
+    "pathswarm sparse k=10% 2-bit": sparse(0.10, 2),
+    "pathswarm sparse k=10% 4-bit": sparse(0.10, 4),
     "fp16": fp16(),
     "fp16+zstd": fp16_zstd(),
     "bitsandbytes blockwise 8-bit+zstd": bnb_blockwise_zstd(),
@@ -154,7 +167,7 @@ def measure(name: str, x: torch.Tensor, repeats: int) -> dict:
         zt = 0 if threads == 1 else threads
         tries = repeats if threads == 1 else 2 * repeats  # threads are hit harder by other load: more tries
         timed = {"encode": lambda zt=zt: enc(x, zt), "decode": lambda: dec(blob)}
-        if name.startswith("pathswarm"):
+        if name.startswith("pathswarm int8") or name.startswith("pathswarm plain"):
             timed["decode_into_out"] = lambda: decode(blob, out=out)
         for what, fn in timed.items():
             row[f"{what}_GBps_{label}"] = round(fp32_bytes / best_seconds(fn, tries, cpu=threads == 1) / 1e9, 3)

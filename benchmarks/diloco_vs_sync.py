@@ -97,7 +97,9 @@ def run_arm(spec: SwarmSpec, docs, mode: str, workers: int, h: int, total_steps:
             "seed": seed, "outer_warmup_rounds": spec.outer.warmup_rounds, "warm_start_steps": warm_start_steps,
             "communication_rounds": comm_rounds, "tokens": warm_tokens + res.tokens_total, "final_val_loss": final,
             "bytes_sent": res.bytes_sent_total, "ddp_fp32_bytes": res.ddp_fp32_bytes_equivalent,
-            "replicas_identical": res.replicas_identical, "val_loss_before": res.val_loss_before["all"],
+            "bytes_up": res.bytes_up_total, "bytes_down": res.bytes_down_total, "inner_s": res.inner_s,
+            "round_s": res.round_s, "replicas_identical": res.replicas_identical,
+            "val_loss_before": res.val_loss_before["all"],
             "curve": curve, "wall_s": time.perf_counter() - t_warm}
 
 

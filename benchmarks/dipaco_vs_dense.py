@@ -108,6 +108,8 @@ def run_arm(name: str, spec: SwarmSpec, cfg: SimConfig, docs: list[Document], gr
             "params_total": params_held, "inner_steps_per_worker": cfg.rounds * res.inner_steps,
             "tokens": res.tokens_total, "final_val_loss": final["all"], "final_eval_tokens": final["tokens"],
             "per_topic": final["per_topic"], "curve": curve, "curve_eval_batches": cfg.eval_batches,
+            "bytes_sent": res.bytes_sent_total, "bytes_up": res.bytes_up_total, "bytes_down": res.bytes_down_total,
+            "rounds": len(res.rounds), "inner_s": res.inner_s, "round_s": res.round_s,
             "wall_s": res.wall_s}
 
 

@@ -26,20 +26,23 @@ from _swarm_common import arguments, machine, write_json, write_spec
 from pathswarm.node.app.local_swarm import LocalSwarm
 from pathswarm.node.model.model import count_module_params
 from pathswarm.node.peer.config import NodeConfig
+from pathswarm.protocol.spec import CodecSpec
 
 DEFAULT_AUDIT_RATE = NodeConfig.__dataclass_fields__["audit_rate"].default
 GOALS = {100: 450, 500: 2000}
 AUDIT_H = 100
 
 
-def measure(h: int, rounds: int, workdir: Path, audit_rate: float) -> dict:
-    spec, spec_path = write_spec(workdir, h, name=f"wire-h{h}")
+def measure(h: int, rounds: int, workdir: Path, audit_rate: float, codec: CodecSpec | None = None) -> dict:
+    """Two nodes on one path for `rounds` rounds of H = h; bytes per node per round counted at the transport."""
+    codec = codec or CodecSpec()
+    spec, spec_path = write_spec(workdir, h, name=f"wire-h{h}-{codec.kind}", codec=codec)
     audit = ["--audit-rate", str(audit_rate)]
     counts = count_module_params(spec)
     params = sum(counts[m] for m in spec.module_ids((0, 0)))
     n = 2
     t0 = time.monotonic()
-    with LocalSwarm(spec_path, workdir / f"h{h}-audit{audit_rate}") as swarm:
+    with LocalSwarm(spec_path, workdir / f"h{h}-audit{audit_rate}-{codec.kind}") as swarm:
         swarm.start_bootstrap()
         for i, name in enumerate(("a", "b")):
             swarm.start_node(name, path="0.0", max_rounds=rounds, seed=i, extra=["--wait-peers", str(n), *audit])
@@ -56,7 +59,7 @@ def measure(h: int, rounds: int, workdir: Path, audit_rate: float) -> dict:
                        "ratio_sent": ddp_sent_per_round / sent,
                        "ratio_sent_plus_received": 2 * ddp_sent_per_round / (sent + received)}
     worst = worst_ratio(ddp_sent_per_round, nodes)
-    return {"inner_steps": h, "audit_rate": audit_rate,
+    return {"inner_steps": h, "audit_rate": audit_rate, "codec": codec.kind,
             "audits": sum(st["audits"] for st in statuses.values()), "params_per_path": params,
             "ddp_fp32_bytes_sent_per_node_per_round": ddp_sent_per_round,
             "nodes": nodes, "worst_ratio": worst, "goal": GOALS.get(h), "meets_goal": worst >= GOALS.get(h, 0),

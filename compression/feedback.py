@@ -10,13 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from pathswarm.compression.codec import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_TARGET_ERROR,
-    DEFAULT_ZSTD_LEVEL,
-    check_encode_args,
-    encode_values,
-)
+from pathswarm.compression.codec import DEFAULT_BLOCK_SIZE, DEFAULT_TARGET_ERROR, DEFAULT_ZSTD_LEVEL
+from pathswarm.compression.codecs import Codec, Int8Codec
 
 
 class ErrorFeedback:
@@ -28,20 +23,22 @@ class ErrorFeedback:
 
     def encode(self, tensor: torch.Tensor, *, block_size: int = DEFAULT_BLOCK_SIZE,
                zstd_level: int = DEFAULT_ZSTD_LEVEL, target_error: float = DEFAULT_TARGET_ERROR,
-               zstd_threads: int = 0) -> bytes:
-        """Encode tensor + residual (same arguments as `encode`) and keep the new residual.
+               zstd_threads: int = 0, codec: Codec | None = None) -> bytes:
+        """Encode tensor + residual and keep the new residual: with `codec` (either kind, compression/codecs.py),
+        else blockwise int8 with the same arguments as `encode`. For the sparse codec the residual holds every
+        entry not sent this round, whole.
 
         If encoding fails (NaN / Inf, bad arguments) the residual is left as it was."""
-        check_encode_args(tensor, block_size, zstd_level, target_error, zstd_threads)
+        if codec is None:
+            codec = Int8Codec(block_size, zstd_level, target_error, zstd_threads)
+        codec.check(tensor)
         compensated = tensor.detach().to("cpu", torch.float32, copy=True).reshape(-1)
         if self.residual is not None:
             if self.residual.numel() != compensated.numel():
                 raise ValueError(f"this ErrorFeedback holds a residual of {self.residual.numel()} values but got "
                                  f"a tensor of {compensated.numel()}: use one ErrorFeedback per module")
             compensated.add_(self.residual)
-        frame, decoded = encode_values(compensated, tensor.shape, tensor.dtype, block_size=block_size,
-                                       zstd_level=zstd_level, target_error=target_error,
-                                       zstd_threads=zstd_threads, want_decoded=True)
+        frame, decoded = codec.encode_values(compensated, tuple(tensor.shape), tensor.dtype, want_decoded=True)
         self.residual = compensated.sub_(decoded.float())
         return frame
 

@@ -34,6 +34,10 @@ import torch
 from pathswarm.compression import CodecError, decode
 
 
+def _decode_int8(frame, max_elements: int) -> torch.Tensor:
+    return decode(frame, max_elements=max_elements)
+
+
 def weighted_average(deltas: Sequence[torch.Tensor], tokens: Sequence[float]) -> torch.Tensor:
     """Token-weighted mean Σ wᵢΔᵢ / Σ wᵢ, accumulated in the order given.
 
@@ -114,14 +118,17 @@ def screen(deltas: Sequence[torch.Tensor | None], norm_bound: float) -> list[str
 
 
 def merge(contributions: Sequence[tuple[str, int, bytes]], numel: int, *, norm_bound: float,
-          clip_factor: float, clip_iterations: int, reference: float = 0.0, screen_norms: bool = True) -> Merged:
+          clip_factor: float, clip_iterations: int, reference: float = 0.0, screen_norms: bool = True,
+          decode=None) -> Merged:
     """Decode, screen and robustly average (peer, tokens, codec frame) contributions, in the order given;
-    `reference`: the history norm that bounds groups of fewer than 3 (`screen`)."""
+    `reference`: the history norm that bounds groups of fewer than 3 (`screen`); `decode(frame, max_elements)`:
+    the swarm's codec (compression/codecs.py; default blockwise int8), raising CodecError for a bad frame."""
+    decode = decode or _decode_int8
     deltas: list[torch.Tensor | None] = []
     early: list[str | None] = []
     for _, _, frame in contributions:
         try:
-            delta = decode(frame, max_elements=numel).reshape(-1).float()
+            delta = decode(frame, numel).reshape(-1).float()
         except CodecError as e:
             deltas.append(None)
             early.append(f"undecodable frame ({str(e)[:80]})")

@@ -162,23 +162,42 @@ class OuterOptSpec:
         _check(self.warmup_rounds >= 0, "outer.warmup_rounds", "must be >= 0")
 
 
+CODEC_KINDS = ("int8", "sparse")
+
+
 @dataclass(frozen=True)
 class CodecSpec:
-    """How outer gradients travel: blockwise absmax int8 + zstd, with error feedback."""
+    """How outer gradients travel: `kind` "int8" (blockwise int8 + zstd, every value; compression/codec.py) or
+    "sparse" (per-chunk top-k at a few bits; compression/sparse.py), with error feedback."""
 
+    kind: str = "int8"
+    """Which codec every peer of the swarm sends (a frame of the other kind is rejected as undecodable)."""
     block_size: int = 256
-    """Values per quantisation block (one fp32 scale each)."""
+    """int8: values per quantisation block (one scale each)."""
     zstd_level: int = 1
-    """zstd level; higher levels gain nothing on int8 pseudo-gradients (measured)."""
+    """zstd level; higher levels gain nothing on quantised pseudo-gradients (measured)."""
     error_feedback: bool = True
-    """Carry each round's quantisation residual into the next round."""
+    """Carry each round's quantisation residual (sparse: and every entry not sent) into the next round."""
     target_error: float = 0.013
-    """Relative RMS error the quantisation step aims at (encoder-only; 0 = plain absmax int8)."""
+    """int8: relative RMS error the quantisation step aims at (encoder-only; 0 = plain absmax int8)."""
+    chunk_size: int = 4096
+    """sparse: values per chunk (top-k is taken per chunk; at most 65535)."""
+    k_per_chunk: int = 41
+    """sparse: entries a contribution sends per chunk (41 of 4096 is 1 %)."""
+    value_bits: int = 2
+    """sparse: bits per sent value of a contribution (a sign and value_bits − 1 bits of magnitude)."""
+    mean_bits: int = 8
+    """sparse: bits per value of a round's mean (every non-zero entry: the union of the contributions')."""
 
     def validate(self) -> None:
+        _check(self.kind in CODEC_KINDS, "codec.kind", f"must be one of {', '.join(CODEC_KINDS)}")
         _check(self.block_size > 0, "codec.block_size", "must be positive")
         _check(0 <= self.target_error <= 0.5, "codec.target_error", "must be in [0, 0.5]")
         _check(1 <= self.zstd_level <= 22, "codec.zstd_level", "must be in 1..22")
+        _check(1 <= self.chunk_size <= 65535, "codec.chunk_size", "must be in 1..65535")
+        _check(1 <= self.k_per_chunk <= self.chunk_size, "codec.k_per_chunk", "must be in 1..chunk_size")
+        _check(2 <= self.value_bits <= 8, "codec.value_bits", "must be in 2..8")
+        _check(2 <= self.mean_bits <= 8, "codec.mean_bits", "must be in 2..8")
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ frames, spec text), so the deeper checks are reached.
 The parsers: `parse_record`, `SwarmRecordValidator.validate`, `peer_id_of_owner`, membership
 `parse` / `verify` / `Gate.check`, `read_message`, `field_of`, the exchange's `_on_contribute` and
 `_on_state` handlers (driven offline: a fake stream in, a sink out), its state download `fetch_state`
-and the reply side of `contribute` (fake PeerStreams answer), codec `decode`, `loads_spec`. Each `run_*`
-answers 'accepted' or 'refused' (a bool / None answer: validators, handlers), raises the parser's
+and the reply side of `contribute` (fake PeerStreams answer), codec `decode` and `decode_sparse`, `loads_spec`.
+Each `run_*` answers 'accepted' or 'refused' (a bool / None answer: validators, handlers), raises the parser's
 typed error, or, on a bug, raises anything else (an accepted input that breaks the parser's contract
 fails an assertion). The keys (RSA owner, Ed25519 swarm owner) are fresh at each import.
 """
@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import zstandard
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from hivemind.dht.crypto import RSASignatureValidator
@@ -38,7 +39,9 @@ from hivemind.utils import MSGPackSerializer
 from hivemind.utils.crypto import RSAPrivateKey
 
 from pathswarm.compression import CodecError, decode, encode
+from pathswarm.compression.codecs import SparseCodec, encode_with
 from pathswarm.compression.frame import checksum
+from pathswarm.compression.sparse import decode_sparse
 from pathswarm.node.peer.rounds import exchange_closer
 from pathswarm.protocol.audit import MAX_LISTED, frame_hash, parse_frame_list
 from pathswarm.protocol.dht import SwarmRecordValidator, peer_id_of_owner
@@ -145,6 +148,14 @@ FRAMES = [encode(torch.randn(300, generator=_gen) * 1e-3),
           encode(torch.tensor(2.5)), encode(torch.zeros(0, 3)),
           encode(torch.randn(2000, generator=_gen) * 1e-2, block_size=512)]
 
+SPARSE_FRAMES = [encode_with(SparseCodec(64, 3, 2), torch.randn(300, generator=_gen) * 1e-3),
+                 encode_with(SparseCodec(16, 5, 3), torch.randn(7, 33, generator=_gen).half()),
+                 encode_with(SparseCodec(7, None, 8), torch.randn(2, 3, 5, generator=_gen).bfloat16()),
+                 encode_with(SparseCodec(4096, 41, 4), torch.randn(2000, generator=_gen) * 1e-2),
+                 encode_with(SparseCodec(5, 2, 2), torch.tensor(2.5)),
+                 encode_with(SparseCodec(5, 2, 2), torch.zeros(0, 3)),
+                 encode_with(SparseCodec(100, None, 5), torch.zeros(250))]
+
 BASE_SPECS = [SwarmSpec(name="t", levels=(2, 2), router=RouterSpec(features=2, centroids=(
     (0.5, 0.25), (0.0, 1.0), (1.0, 0.0), (0.125, 0.75)))).to_toml()]
 BASE_SPECS.append(loads_spec(BASE_SPECS[0]).replace(membership=MembershipSpec(owner_key=OWNER_KEY)).to_toml())
@@ -249,6 +260,40 @@ def mutate_frame(frame: bytes, rng: random.Random) -> bytes:
     if rng.random() < 0.5 and len(data) >= 4:
         data[-4:] = checksum(memoryview(data)[:-4]).to_bytes(4, "little")
     return bytes(data)
+
+
+def mutate_sparse_frame(frame: bytes, rng: random.Random) -> bytes:
+    """A sparse codec frame mutated like `mutate_frame` (with the sparse header's offsets), or, half the time, with
+    its compressed body (counts, position distances, value codes) edited and recompressed, its payload length and
+    checksum made consistent, so the checks behind decompression are reached."""
+    if rng.random() < 0.5 or struct.unpack_from("<Q", frame, 20)[0] == 0:
+        data = bytearray(mutate_frame(frame, rng))
+        if rng.random() < 0.3 and len(data) >= 36:
+            offset, fmt = rng.choice([(7, "<B"), (8, "<I"), (12, "<Q"), (20, "<Q")])
+            nbits = 8 * struct.calcsize(fmt)
+            struct.pack_into(fmt, data, offset, rng.choice([0, 1, 2, 9, 0xFFFF, (1 << nbits) - 1]) % (1 << nbits))
+            data[-4:] = checksum(memoryview(data)[:-4]).to_bytes(4, "little")
+        return bytes(data)
+    payload_at = len(frame) - 4 - struct.unpack_from("<Q", frame, 20)[0]
+    body = bytearray(zstandard.ZstdDecompressor().decompress(frame[payload_at:-4]))
+    for _ in range(rng.randint(1, 3)):
+        at = rng.randrange(max(1, len(body)))
+        kind = rng.randrange(4)
+        if kind == 0 and body:
+            body[at] ^= 1 << rng.randrange(8)
+        elif kind == 1 and body:
+            body[at] = rng.choice([0, 1, 0x7F, 0x80, 0xFF])
+        elif kind == 2:
+            del body[at:at + rng.randint(1, 4)]
+        else:
+            body[at:at] = rng.randbytes(rng.randint(1, 4))
+    payload = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(body))
+    head = bytearray(frame[:payload_at])
+    struct.pack_into("<Q", head, 20, len(payload))
+    if rng.random() < 0.2:  # the declared entry count disagreeing with the body
+        struct.pack_into("<Q", head, 12, max(0, struct.unpack_from("<Q", head, 12)[0] + rng.choice([-1, 1])))
+    out = bytes(head) + payload
+    return out + checksum(out).to_bytes(4, "little")
 
 
 def packed(wire: object) -> bytes:
@@ -803,6 +848,12 @@ def run_decode(data: bytes) -> str:
     return "accepted"
 
 
+def run_decode_sparse(data: bytes) -> str:
+    y = decode_sparse(data, max_elements=FRAME_MAX_ELEMENTS)
+    assert y.numel() <= FRAME_MAX_ELEMENTS and bool(torch.isfinite(y).all()), "decoded values out of bounds"
+    return "accepted"
+
+
 def run_loads_spec(text: str) -> str:
     spec = loads_spec(text)
     assert re.fullmatch(r"[0-9a-f]{64}", spec.swarm_id)
@@ -836,6 +887,8 @@ FUZZERS = [
     Fuzzer("exchange.contribute (reply)", gen_contribute_reply, run_contribute_reply),
     Fuzzer("audit.parse_frame_list", gen_frame_list, run_frame_list, (ValueError,)),
     Fuzzer("compression.decode", lambda rng: mutate_frame(rng.choice(FRAMES), rng), run_decode, (CodecError,)),
+    Fuzzer("compression.decode_sparse", lambda rng: mutate_sparse_frame(rng.choice(SPARSE_FRAMES), rng),
+           run_decode_sparse, (CodecError,)),
     Fuzzer("spec.loads_spec", spec_text, run_loads_spec, (SpecError,)),
 ]
 

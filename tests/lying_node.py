@@ -12,11 +12,10 @@ from __future__ import annotations
 import logging
 import sys
 
-from pathswarm.compression import encode
 from pathswarm.node.peer import node as node_module
 from pathswarm.node.peer.rounds import exchange_closer
 from pathswarm.node.train.outer import OuterState
-from pathswarm.node.train.round import decode_mean, encode_args
+from pathswarm.node.train.round import decode_mean, encode_mean
 from pathswarm.protocol.exchange import Closed, LocalState
 
 logger = logging.getLogger("lying_node")
@@ -29,9 +28,9 @@ def lying_closer(spec, group: int):
         c = honest(contributions, numel, before)
         if before is None or not c.mean_frame or len(c.used) < group:
             return c
-        lie = encode(-decode_mean(c.mean_frame, numel), **encode_args(spec.codec))
+        lie = encode_mean(-decode_mean(c.mean_frame, numel, spec.codec), spec.codec)
         st = OuterState(before.anchor.clone(), before.momentum.clone(), before.round)
-        st.apply(decode_mean(lie, numel), spec.outer)
+        st.apply(decode_mean(lie, numel, spec.codec), spec.outer)
         logger.warning("LYING: round %d merged %d contributions, sending the sign-flipped mean", before.round,
                        len(c.used))
         return Closed(lie, c.used, c.tokens, c.rejected, LocalState(st.round, st.digest(), st.anchor, st.momentum))

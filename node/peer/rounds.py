@@ -128,7 +128,7 @@ class Rounds:
             self.auditor.record(mid, result, reference_norm(st), (item.sent.tokens, item.sent.frame))
         done = settle(st, item.sent, self.worker.flat(mid), result.status, result.round,
                       result.mean_frame if result.applicable else b"", result.digest_after, self.spec.outer,
-                      discard=discard, next_reducers=result.reducers)
+                      codec=self.spec.codec, discard=discard, next_reducers=result.reducers)
         if done.local is not None:
             self.worker.set_flat(mid, done.local)
         if done.restore_feedback:

@@ -6,7 +6,8 @@ contributions into one encoded mean; every member decodes those same bytes and a
 Nesterov step. Nothing here touches the network or reads a clock; everything is deterministic for a given
 input, which is what keeps replicas bit-identical.
 
-1. `make_contribution`: Δ = anchor − local (+ the error-feedback residual) → one codec frame, with what
+1. `make_contribution`: Δ = anchor − local (+ the error-feedback residual) → one frame of the spec's codec
+   (`[codec] kind`: int8 + zstd, or sparse top-k; compression/codecs.py), with what
    the sender must remember to settle the round later (its local weights and residual at the send).
 2. `close_round` (the reducer): validated frames, sorted by peer id → screened, robust token-weighted mean
    (protocol/aggregate.py) → encoded **once** → the canonical result every member decodes, and the
@@ -32,7 +33,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pathswarm.compression import CodecError, ErrorFeedback, decode, encode
+from pathswarm.compression import CodecError, ErrorFeedback
+from pathswarm.compression.codecs import Codec, Int8Codec, SparseCodec, encode_with
 from pathswarm.node.train.outer import OuterState, pseudo_gradient
 from pathswarm.protocol.aggregate import merge
 from pathswarm.protocol.audit import frame_hash
@@ -66,8 +68,24 @@ class Contribution:
     """The error-feedback state before this frame was encoded: restored when the Δ is kept for later."""
 
 
-def encode_args(codec: CodecSpec) -> dict:
-    return dict(block_size=codec.block_size, zstd_level=codec.zstd_level, target_error=codec.target_error)
+def contribution_codec(codec: CodecSpec) -> Codec:
+    """How a member encodes its outer gradient (the spec's codec kind and parameters)."""
+    if codec.kind == "sparse":
+        return SparseCodec(codec.chunk_size, codec.k_per_chunk, codec.value_bits, codec.zstd_level)
+    return Int8Codec(codec.block_size, codec.zstd_level, codec.target_error)
+
+
+def mean_codec(codec: CodecSpec) -> Codec:
+    """How a reducer encodes a round's mean. Sparse: every non-zero entry (the union of the contributions'
+    supports) at `mean_bits`; int8: as a contribution."""
+    if codec.kind == "sparse":
+        return SparseCodec(codec.chunk_size, None, codec.mean_bits, codec.zstd_level)
+    return contribution_codec(codec)
+
+
+def encode_mean(mean: torch.Tensor, codec: CodecSpec) -> bytes:
+    """The canonical bytes of a round's mean: encoded once, without error feedback (every member decodes these)."""
+    return encode_with(mean_codec(codec), mean)
 
 
 def make_contribution(state: OuterState, local: torch.Tensor, feedback: ErrorFeedback, codec: CodecSpec,
@@ -78,8 +96,8 @@ def make_contribution(state: OuterState, local: torch.Tensor, feedback: ErrorFee
     local = local.detach().to("cpu", torch.float32, copy=True)  # kept: the caller's tensor may change
     delta = pseudo_gradient(state.anchor, local)
     before = feedback.state_dict()
-    args = encode_args(codec)
-    frame = feedback.encode(delta, **args) if codec.error_feedback else encode(delta, **args)
+    kind = contribution_codec(codec)
+    frame = feedback.encode(delta, codec=kind) if codec.error_feedback else encode_with(kind, delta)
     return Contribution(frame=frame, tokens=tokens, round=state.round, digest_before=state.digest(),
                         local_when_sent=local, feedback_before=before)
 
@@ -128,11 +146,11 @@ def close_round(contributions: Sequence[tuple[str, int, bytes]], numel: int, spe
     if merged.mean is None:
         return ClosedRound(b"", (), 0, tuple(merged.rejected))
     # The mean is encoded without error feedback: every member decodes exactly these bytes.
-    mean_frame = encode(merged.mean, **encode_args(spec.codec))
+    mean_frame = encode_mean(merged.mean, spec.codec)
     after = None
     if before is not None:
         after = OuterState(before.anchor.clone(), before.momentum.clone(), before.round)
-        after.apply(decode_mean(mean_frame, numel), spec.outer)
+        after.apply(decode_mean(mean_frame, numel, spec.codec), spec.outer)
     claimed = dict((peer, tokens) for peer, tokens, _ in contributions)  # the tokens they trained, uncapped
     return ClosedRound(mean_frame, tuple(merged.used), sum(claimed[p] for p in merged.used), tuple(merged.rejected),
                        after)
@@ -149,7 +167,8 @@ def _merge(contributions: Sequence[tuple[str, int, bytes]], numel: int, spec: Sw
     ordered = sorted(((peer, min(tokens, cap), frame) for peer, tokens, frame in contributions), key=lambda c: c[0])
     avg = spec.averaging
     return merge(ordered, numel, norm_bound=avg.norm_bound, clip_factor=avg.clip_factor,
-                 clip_iterations=avg.clip_iterations, reference=reference, screen_norms=screen_norms)
+                 clip_iterations=avg.clip_iterations, reference=reference, screen_norms=screen_norms,
+                 decode=contribution_codec(spec.codec).decode)
 
 
 AUDIT_TOLERANCE = 1e-2
@@ -177,20 +196,20 @@ def audit_mean(frames: dict[str, tuple[int, bytes]], listed: Sequence[tuple[str,
     if merged.rejected:
         return f"the result lists {len(merged.rejected)} frame(s) no reducer merges ({merged.rejected[0][1]})"
     try:
-        theirs = decode_mean(mean_frame, numel)
+        theirs = decode_mean(mean_frame, numel, spec.codec)
     except RoundError as e:
         return str(e)
-    ours = decode_mean(encode(merged.mean, **encode_args(spec.codec)), numel)
+    ours = decode_mean(encode_mean(merged.mean, spec.codec), numel, spec.codec)
     gap, size = float(torch.linalg.vector_norm(theirs - ours)), float(torch.linalg.vector_norm(ours))
     if gap > AUDIT_TOLERANCE * size + 1e-12:
         return f"its mean is {gap / max(size, 1e-30):.3g}x the recomputed mean's norm away from it"
     return None
 
 
-def decode_mean(frame: bytes, numel: int) -> torch.Tensor:
+def decode_mean(frame: bytes, numel: int, codec: CodecSpec) -> torch.Tensor:
     """A round's mean from its (untrusted) bytes: flat fp32 of the module's size, all finite, or RoundError."""
     try:
-        mean = decode(frame, max_elements=numel).reshape(-1)
+        mean = mean_codec(codec).decode(frame, max_elements=numel).reshape(-1)
     except CodecError as e:
         raise RoundError(f"the mean does not decode: {e}") from None
     if mean.numel() != numel:
@@ -225,18 +244,19 @@ class Settlement:
 
 
 def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, status: str, result_round: int,
-           mean_frame: bytes, digest_expected: str, outer: OuterOptSpec, discard: bool = False,
-           next_reducers: tuple[str, ...] = ()) -> Settlement:
+           mean_frame: bytes, digest_expected: str, outer: OuterOptSpec, *, codec: CodecSpec,
+           discard: bool = False, next_reducers: tuple[str, ...] = ()) -> Settlement:
     """Settle one round of one module on a member (the rule in the module docstring).
 
     `state` is the module's outer state and is updated in place when a mean is applied; `local_now` the local
     weights now (inner steps may have run since the send); `discard`: on a failed round throw our steps away
-    instead of carrying them (the synchronous baseline when a member died); `next_reducers`: who reduces the next
+    instead of carrying them (the synchronous baseline when a member died); `codec`: the spec's, whose mean codec
+    the result is decoded with; `next_reducers`: who reduces the next
     round, as the result names them (protocol/reducers.py), kept with the state when the mean is applied."""
     reason = f"status {status}"
     if status in APPLIED and mean_frame and result_round == state.round == sent.round:
         try:
-            mean = decode_mean(mean_frame, state.anchor.numel())
+            mean = decode_mean(mean_frame, state.anchor.numel(), codec)
         except RoundError as e:
             reason = f"bad mean from the reducer: {e}"
         else:

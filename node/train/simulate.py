@@ -84,7 +84,17 @@ class SimResult:
     rejected: int = 0
     """Contributions the group merge screened out (benchmarks/byzantine.py)."""
     bytes_sent_total: int = 0
+    """Bytes of the outer rounds, both directions (contributions up to the reducer, its mean back down)."""
+    bytes_up_total: int = 0
+    """Of which contributions (each member but the reducer sends its frame)."""
+    bytes_down_total: int = 0
+    """Of which the reducer's mean (to each member but itself)."""
     ddp_fp32_bytes_equivalent: int = 0
+    inner_s: float = 0.0
+    """Seconds of inner steps (every worker's, one after another)."""
+    round_s: float = 0.0
+    """Seconds of the round rule: encoding, the reducer's decode and merge and its mean's encode, every member's
+    decode and outer step (node/train/round.py), one after another."""
     replicas_identical: bool = True
     history: dict[str, dict[str, str]] = field(default_factory=dict)
     """module → outer round → its digest after that round (the first holder's; `replicas_identical` says whether
@@ -205,9 +215,11 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
     carry: dict[tuple[str, str], int] = {}
     for r in range(cfg.rounds):
         train_loss: dict[str, list[float]] = {}
+        t_inner = time.perf_counter()
         for i, w in enumerate(workers):
             stats = w.train_inner(H, on_step=lambda step, loss, i=i: emit("inner_step", {"worker": i, "loss": loss}))
             train_loss.setdefault(format_path(w.path), []).append(sum(stats.losses[-10:]) / len(stats.losses[-10:]))
+        result.inner_s += time.perf_counter() - t_inner
         round_bytes = 0
         identical = True
         for mid in spec.all_module_ids():
@@ -242,6 +254,7 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
     """One module's outer round among its holders, by the node's own rule (node/train/round.py): every holder
     makes a contribution, the round closes over all of them (the reducer's merge and one encoded mean), and
     every holder settles the result. Returns the bytes that would cross the wire."""
+    t_round = time.perf_counter()
     numel = holders[0].outer[mid].anchor.numel()
     sent = {}
     for w in holders:
@@ -259,7 +272,8 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
         if not closed.mean_frame:
             status = "failed"
         done = settle(w.outer[mid], sent[w.name], w.flat(mid), status, w.outer[mid].round, closed.mean_frame,
-                      closed.digest_after, spec.outer, next_reducers=successors(min(frames), closed.used))
+                      closed.digest_after, spec.outer, codec=spec.codec,
+                      next_reducers=successors(min(frames), closed.used))
         if done.local is not None:
             w.set_flat(mid, done.local)
         if done.restore_feedback:
@@ -271,7 +285,12 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
     # Every other holder sends its frame to the reducer (the smallest name, as the smallest peer id in a swarm)
     # and gets the encoded mean back.
     reducer = min(frames)
-    return sum(len(f) for name, f in frames.items() if name != reducer) + len(closed.mean_frame) * (len(frames) - 1)
+    up = sum(len(f) for name, f in frames.items() if name != reducer)
+    down = len(closed.mean_frame) * (len(frames) - 1)
+    result.bytes_up_total += up
+    result.bytes_down_total += down
+    result.round_s += time.perf_counter() - t_round
+    return up + down
 
 
 def _ddp_bytes(workers: list[PathWorker], H: int) -> int:

@@ -109,7 +109,7 @@ def settle_case(status: str, overlap: bool, **kw):
     local_now = sent.local_when_sent + (drift(st, 3, 1e-3) - st.anchor if overlap else 0.0)
     before = copy(st)
     done = settle(st, sent, local_now, status, kw.pop("result_round", 3), kw.pop("frame", closed.mean_frame),
-                  kw.pop("expected", closed.digest_after), SPEC.outer, **kw)
+                  kw.pop("expected", closed.digest_after), SPEC.outer, codec=SPEC.codec, **kw)
     return before, st, sent, closed, local_now, done
 
 
@@ -155,7 +155,7 @@ def test_a_mean_that_does_not_decode_or_is_for_another_round_is_a_failed_round()
     before, st, _, _, _, done = settle_case("late", overlap=True, result_round=2)
     assert not done.applied and st.digest() == before.digest() and "round 2" in done.reason
     with pytest.raises(RoundError, match="values, the module"):
-        decode_mean(encode(torch.zeros(NUMEL - 1)), NUMEL)
+        decode_mean(encode(torch.zeros(NUMEL - 1)), NUMEL, SPEC.codec)
 
 
 def test_a_digest_other_than_the_reducers_marks_the_replica_diverged():
@@ -172,7 +172,8 @@ def test_every_member_of_a_group_ends_bit_identical_to_the_reducers_digest():
     digests = set()
     for n, (s, _, local) in members.items():
         status = "merged" if n in closed.used else "late"
-        done = settle(s, sent[n], local, status, 3, closed.mean_frame, closed.digest_after, SPEC.outer)
+        done = settle(s, sent[n], local, status, 3, closed.mean_frame, closed.digest_after, SPEC.outer,
+                      codec=SPEC.codec)
         assert not done.diverged
         digests.add(s.digest())
     assert digests == {closed.digest_after}

@@ -1,0 +1,224 @@
+"""Sparse outer gradients vs int8 + zstd vs fp32, on the deployed round rule: final loss against bytes (issue 18).
+
+Every learning arm runs in node/train/simulate.py, whose round is the node's (node/train/round.py: error feedback,
+robust token-weighted mean, the mean encoded once and decoded by every member); only `[codec]` changes:
+- `fp32`: no compression (a raw float32 frame each way, patched into the round rule for this arm only);
+- `int8`: blockwise int8 + zstd, the default;
+- `sparse k=…`: per-chunk top-k of (outer gradient + error feedback) at `value_bits`, the mean as every non-zero
+  entry at `mean_bits` (compression/sparse.py).
+Two experiments: DiLoCo (4 workers on one path, H=50, benchmarks/diloco_vs_sync.py's setup) and DiPaCo 2x2 (one
+worker per path, benchmarks/dipaco_vs_dense.py's setup). Bytes in these arms are computed from frame sizes, both
+directions: each member but the reducer sends its frame, the reducer sends its mean to each member but itself.
+
+One live arm per codec (`--live`): two real nodes on loopback (benchmarks/wire.py's harness) train one path for a
+few rounds; their bytes are counted at the transport (protocol/wire.py `Traffic`), headers included.
+
+Codec time: `round_s / inner_s` is the round rule's time (encode, the reducer's decodes, merge and mean encode, every
+member's decode and outer step) over the inner steps' time, both on one thread, one after another.
+
+    nice -n 10 .venv/bin/python benchmarks/sparse_vs_int8.py       # ≈ 25 min on 2 cores
+
+Goals (issue 18): one arm ≥ 100× fewer bytes per outer round (both directions) than fp32 with final loss within 1 %
+of int8's; the round rule's time ≤ 5 % of the inner compute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import tempfile
+import time
+from multiprocessing import Pool
+from pathlib import Path
+from types import SimpleNamespace
+
+import diloco_vs_sync as diloco
+import dipaco_vs_dense as dipaco
+import torch
+from _swarm_common import arguments, machine, read_json, save_plot, write_json
+
+from pathswarm.compression import CodecError
+from pathswarm.node.app.fmt import subplots
+from pathswarm.node.model.data import load_documents, split
+from pathswarm.node.train import round as round_rule
+from pathswarm.node.train.simulate import SimConfig
+from pathswarm.protocol.spec import CodecSpec, DataSpec
+
+GOAL_BYTES, GOAL_LOSS, GOAL_TIME = 100.0, 0.01, 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Float32Codec:
+    """No compression: the values as raw float32 (the `fp32` arm's contributions and means)."""
+
+    def check(self, tensor: torch.Tensor) -> None:
+        pass
+
+    def encode_values(self, flat: torch.Tensor, shape, dtype, want_decoded: bool = False):
+        flat = flat.float().contiguous()
+        return flat.numpy().tobytes(), (flat.clone() if want_decoded else None)
+
+    def decode(self, data, max_elements: int) -> torch.Tensor:
+        if len(data) != 4 * max_elements:
+            raise CodecError(f"an fp32 frame of {len(data)} bytes for {max_elements} values")
+        return torch.frombuffer(bytearray(data), dtype=torch.float32)
+
+
+def codecs(chunk: int, bits: int, mean_bits: int) -> dict[str, CodecSpec | None]:
+    sparse = {f"sparse k={p}% {bits}-bit": CodecSpec(kind="sparse", chunk_size=chunk, value_bits=bits,
+                                                     mean_bits=mean_bits, k_per_chunk=max(1, round(p / 100 * chunk)))
+              for p in (1, 3, 10)}
+    return {"fp32": None, "int8": CodecSpec(), **sparse,
+            "sparse k=10% 4-bit": CodecSpec(kind="sparse", chunk_size=chunk, value_bits=4, mean_bits=mean_bits,
+                                            k_per_chunk=round(0.1 * chunk))}
+
+
+def _use_codec(codec: CodecSpec | None):
+    """The spec's codec, or (None) the fp32 arm: the round rule's codec choice is replaced in this process."""
+    if codec is None:
+        raw = Float32Codec()
+        round_rule.contribution_codec = round_rule.mean_codec = lambda _spec: raw
+        return CodecSpec()
+    return codec
+
+
+def _job(job: dict) -> dict:
+    torch.set_num_threads(1)
+    codec = _use_codec(job["codec"])
+    a = job["args"]
+    t0 = time.perf_counter()
+    if job["experiment"] == "diloco":
+        docs, spec, final_batches = diloco.setup(a)
+        spec = spec.replace(codec=codec)
+        arm = diloco.run_arm(spec, docs, "diloco", diloco.WORKERS, a["h"], a["total_steps"], a["h"], 8,
+                             final_batches, a["seed"])
+        rounds = arm["communication_rounds"]
+    else:
+        docs = load_documents(DataSpec(corpus="bbc"))
+        random.Random(0).shuffle(docs)  # as dipaco_vs_dense.py: the same documents, the same router
+        settings = SimpleNamespace(width=a["width"], context_len=a["context_len"], batch_size=a["batch_size"],
+                                   inner_steps=a["h"])
+        spec = dipaco.make_spec(docs, (2, 2), 1, settings).replace(codec=codec)
+        _, val = split(docs, spec.data.val_fraction)
+        cfg = SimConfig(mode="dipaco", rounds=a["dipaco_rounds"], inner_steps=a["h"], seed=a["seed"], eval_batches=4)
+        arm = dipaco.run_arm(job["name"], spec, cfg, docs, dipaco.eval_groups(spec, val), True)
+        rounds = arm["rounds"]
+    loss = arm["final_val_loss"]
+    out = {"experiment": job["experiment"], "arm": job["name"], "final_val_loss": loss,
+           "codec": dataclasses.asdict(job["codec"]) if job["codec"] else "fp32",
+           "rounds": rounds, "bytes_total": arm["bytes_sent"], "bytes_up": arm["bytes_up"],
+           "bytes_down": arm["bytes_down"], "inner_s": arm["inner_s"], "round_s": arm["round_s"],
+           "round_time_vs_inner": arm["round_s"] / arm["inner_s"], "curve": arm["curve"],
+           "wall_s": time.perf_counter() - t0}
+    print(f"{job['experiment']:7s} {job['name']:20s} loss {loss:.4f}  bytes {out['bytes_total']:,} "
+          f"(up {out['bytes_up']:,})  round/inner {out['round_time_vs_inner']:.4f}  ({out['wall_s']:.0f} s)",
+          flush=True)
+    return out
+
+
+def live(codec_specs: dict[str, CodecSpec | None], h: int, rounds: int) -> list[dict]:
+    """Two real nodes per codec; bytes per node per round counted at the transport (benchmarks/wire.py)."""
+    import wire
+
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, codec in codec_specs.items():
+            if codec is None:
+                continue  # no fp32 codec in a running node
+            r = wire.measure(h, rounds, Path(tmp) / name.replace(" ", "_").replace("%", "pc"), 0.0, codec)
+            both = {n: v["bytes_sent_per_round"] + v["bytes_received_per_round"] for n, v in r["nodes"].items()}
+            out.append({"arm": name, "params_per_path": r["params_per_path"], "inner_steps": h,
+                        "bytes_both_directions_per_node_per_round": both,
+                        "fp32_both_directions_per_node_per_round": 2 * 4 * r["params_per_path"],
+                        "ratio_vs_fp32_round": 2 * 4 * r["params_per_path"] / max(both.values()),
+                        "ratio_vs_fp32_ddp": r["worst_ratio"], "wall_s": r["wall_s"]})
+            print(f"live    {name:20s} {max(both.values()):,.0f} bytes/node/round both ways "
+                  f"({out[-1]['ratio_vs_fp32_round']:.0f}x below fp32)", flush=True)
+    return out
+
+
+def summarise(arms: list[dict]) -> dict:
+    out = {}
+    for exp in sorted({a["experiment"] for a in arms}):
+        rows = {a["arm"]: a for a in arms if a["experiment"] == exp}
+        fp32, int8 = rows.get("fp32"), rows.get("int8")
+        table = []
+        for name, a in rows.items():
+            table.append({"arm": name, "final_val_loss": a["final_val_loss"],
+                          "loss_vs_int8": a["final_val_loss"] / int8["final_val_loss"] if int8 else None,
+                          "bytes_per_round": a["bytes_total"] / a["rounds"],
+                          "bytes_vs_fp32": fp32["bytes_total"] / a["bytes_total"] if fp32 else None,
+                          "up_vs_fp32": fp32["bytes_up"] / a["bytes_up"] if fp32 else None,
+                          "down_vs_fp32": fp32["bytes_down"] / a["bytes_down"] if fp32 else None,
+                          "round_time_vs_inner": a["round_time_vs_inner"]})
+        meeting = [t for t in table if t["bytes_vs_fp32"] and t["loss_vs_int8"]
+                   and t["bytes_vs_fp32"] >= GOAL_BYTES and t["loss_vs_int8"] <= 1 + GOAL_LOSS]
+        sparse = [t for t in table if t["arm"].startswith("sparse")]
+        out[exp] = {"table": table,
+                    "goal_bytes_and_loss": {"met": bool(meeting), "arms": [t["arm"] for t in meeting],
+                                            "closest": [{"arm": t["arm"], "bytes_vs_fp32": t["bytes_vs_fp32"],
+                                                         "loss_vs_int8": t["loss_vs_int8"]} for t in sparse]},
+                    "goal_round_time": {"worst_sparse": max((t["round_time_vs_inner"] for t in sparse), default=None),
+                                        "met": all(t["round_time_vs_inner"] <= GOAL_TIME for t in sparse)}}
+    return out
+
+
+def plot(result: dict, path: Path) -> None:
+    experiments = sorted(result["summary"])
+    fig, axes = subplots(1, len(experiments), figsize=(6 * len(experiments), 4.5))
+    axes = axes if len(experiments) > 1 else [axes]
+    for ax, exp in zip(axes, experiments, strict=True):
+        for t in result["summary"][exp]["table"]:
+            ax.scatter(t["bytes_per_round"], t["final_val_loss"], s=30)
+            ax.annotate(t["arm"], (t["bytes_per_round"], t["final_val_loss"]), fontsize=8,
+                        xytext=(4, 4), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_xlabel("bytes per outer round, both directions (from frame sizes)")
+        ax.set_ylabel("final validation loss")
+        ax.set_title(f"{exp}: loss vs bytes on the wire")
+        ax.grid(alpha=0.3)
+    save_plot(fig, path)
+
+
+def main() -> None:
+    ap = arguments(__doc__, "sparse_vs_int8", plot=True, replot=True)
+    ap.add_argument("--experiments", default="diloco,dipaco", help="comma-separated: diloco, dipaco")
+    ap.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
+    ap.add_argument("--h", type=int, default=50, help="inner steps per round")
+    ap.add_argument("--total-steps", type=int, default=1500, help="DiLoCo: inner steps per worker")
+    ap.add_argument("--dipaco-rounds", type=int, default=40, help="DiPaCo 2x2: rounds")
+    ap.add_argument("--chunk", type=int, default=4096)
+    ap.add_argument("--bits", type=int, default=2, help="value bits of the sparse arms' contributions")
+    ap.add_argument("--mean-bits", type=int, default=8)
+    ap.add_argument("--live", type=int, default=3, help="rounds of the live two-node arms (0: none)")
+    ap.add_argument("--live-h", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args()
+    if args.replot:
+        return plot(read_json(args.json), Path(args.plot))
+    a = dict(width=64, layers=2, context_len=64, batch_size=8, lr=3e-3, total_steps=args.total_steps,
+             eval_every=args.h, eval_batches=8, final_batches=256, h=args.h, seed=args.seed,
+             dipaco_rounds=args.dipaco_rounds)
+    specs = codecs(args.chunk, args.bits, args.mean_bits)
+    chosen = [n for n in specs if not args.arms or n in args.arms.split(",")]
+    jobs = [{"experiment": e, "name": n, "codec": specs[n], "args": a}
+            for e in args.experiments.split(",") for n in chosen]
+    t0 = time.perf_counter()
+    with Pool(args.jobs) as pool:
+        arms = pool.map(_job, jobs, chunksize=1)
+    result = {"claim": "sparse outer gradients: >= 100x fewer bytes per round than fp32 (both directions) within "
+                       "1 % of int8 + zstd's final loss; round rule <= 5 % of inner compute",
+              "config": {**a, "chunk": args.chunk, "bits": args.bits, "mean_bits": args.mean_bits,
+                         "bytes": "learning arms: computed from frame sizes, both directions; live arms: counted at "
+                                  "the transport", "round_rule": "node/train/round.py"},
+              "summary": summarise(arms), "arms": arms}
+    if args.live:
+        result["live"] = live({n: specs[n] for n in chosen}, args.live_h, args.live)
+    result["machine"], result["wall_s"] = machine(), time.perf_counter() - t0
+    write_json(args.json, result)
+    plot(result, Path(args.plot))
+
+
+if __name__ == "__main__":
+    main()
