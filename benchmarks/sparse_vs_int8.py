@@ -65,12 +65,20 @@ class Float32Codec:
 
 
 def codecs(chunk: int, bits: int, mean_bits: int) -> dict[str, CodecSpec | None]:
-    sparse = {f"sparse k={p}% {bits}-bit": CodecSpec(kind="sparse", chunk_size=chunk, value_bits=bits,
-                                                     mean_bits=mean_bits, k_per_chunk=max(1, round(p / 100 * chunk)))
-              for p in (1, 3, 10)}
-    return {"fp32": None, "int8": CodecSpec(), **sparse,
-            "sparse k=10% 4-bit": CodecSpec(kind="sparse", chunk_size=chunk, value_bits=4, mean_bits=mean_bits,
-                                            k_per_chunk=round(0.1 * chunk))}
+    """Every arm's codec: fp32, int8, sparse at k = 1 / 3 / 10 % of each chunk (`[codec] feedback` auto: what a
+    frame does not carry stays in the local weights), 10 % at 4 bits, and 1 % with a residual buffer instead."""
+
+    def sparse(percent: float, value_bits: int, feedback: str = "auto") -> CodecSpec:
+        return CodecSpec(kind="sparse", chunk_size=chunk, value_bits=value_bits, mean_bits=mean_bits,
+                         k_per_chunk=max(1, round(percent / 100 * chunk)), feedback=feedback)
+
+    return {"fp32": None, "int8": CodecSpec(),
+            **{f"sparse k={p}% {bits}-bit": sparse(p, bits) for p in (1, 3, 10)},
+            "sparse k=10% 4-bit": sparse(10, 4), f"sparse k=1% {bits}-bit buffer": sparse(1, bits, "buffer")}
+
+
+DIPACO_ARMS = ("fp32", "int8", "sparse k=1% 2-bit", "sparse k=3% 2-bit", "sparse k=10% 2-bit")
+"""The DiPaCo experiment's arms by default (each costs ~6 min on one core)."""
 
 
 def _use_codec(codec: CodecSpec | None):
@@ -183,7 +191,7 @@ def plot(result: dict, path: Path) -> None:
 def main() -> None:
     ap = arguments(__doc__, "sparse_vs_int8", plot=True, replot=True)
     ap.add_argument("--experiments", default="diloco,dipaco", help="comma-separated: diloco, dipaco")
-    ap.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
+    ap.add_argument("--arms", default="", help="comma-separated arm names (default: all; DiPaCo: DIPACO_ARMS)")
     ap.add_argument("--h", type=int, default=50, help="inner steps per round")
     ap.add_argument("--total-steps", type=int, default=1500, help="DiLoCo: inner steps per worker")
     ap.add_argument("--dipaco-rounds", type=int, default=40, help="DiPaCo 2x2: rounds")
@@ -202,8 +210,8 @@ def main() -> None:
              dipaco_rounds=args.dipaco_rounds)
     specs = codecs(args.chunk, args.bits, args.mean_bits)
     chosen = [n for n in specs if not args.arms or n in args.arms.split(",")]
-    jobs = [{"experiment": e, "name": n, "codec": specs[n], "args": a}
-            for e in args.experiments.split(",") for n in chosen]
+    jobs = [{"experiment": e, "name": n, "codec": specs[n], "args": a} for e in args.experiments.split(",")
+            for n in chosen if e == "diloco" or args.arms or n in DIPACO_ARMS]
     t0 = time.perf_counter()
     with Pool(args.jobs) as pool:
         arms = pool.map(_job, jobs, chunksize=1)

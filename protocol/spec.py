@@ -188,6 +188,12 @@ class CodecSpec:
     """sparse: bits per sent value of a contribution (a sign and value_bits − 1 bits of magnitude)."""
     mean_bits: int = 8
     """sparse: bits per value of a round's mean (every non-zero entry: the union of the contributions')."""
+    feedback: str = "auto"
+    """Where a member keeps what its frame did not carry: "buffer" (a residual added to the next outer gradient;
+    the local weights restart from the new anchor, as in DiLoCo and SparseLoCo), "weights" (it stays in the local
+    weights, which restart from the new anchor minus it, so training goes on from it instead of learning it
+    again), or "auto": buffer for int8, weights for sparse (measured in benchmarks/sparse_vs_int8.py). A member's
+    own choice: it changes only its local weights, never the merged state."""
 
     def validate(self) -> None:
         _check(self.kind in CODEC_KINDS, "codec.kind", f"must be one of {', '.join(CODEC_KINDS)}")
@@ -198,6 +204,12 @@ class CodecSpec:
         _check(1 <= self.k_per_chunk <= self.chunk_size, "codec.k_per_chunk", "must be in 1..chunk_size")
         _check(2 <= self.value_bits <= 8, "codec.value_bits", "must be in 2..8")
         _check(2 <= self.mean_bits <= 8, "codec.mean_bits", "must be in 2..8")
+        _check(self.feedback in ("auto", "buffer", "weights"), "codec.feedback", "must be auto, buffer or weights")
+
+    @property
+    def feedback_in_weights(self) -> bool:
+        return self.error_feedback and (self.feedback == "weights" or (self.feedback == "auto" and
+                                                                        self.kind == "sparse"))
 
 
 @dataclass(frozen=True)

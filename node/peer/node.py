@@ -282,7 +282,7 @@ class Node:
             return
         # Steps already sent are not saved: if their round merged, the swarm's anchor holds them already.
         inf = self.rounds.in_flight
-        bases = {mid: inf[mid].sent.local_when_sent if mid in inf else self.worker.outer[mid].anchor
+        bases = {mid: inf[mid].sent.merged_base if mid in inf else self.worker.outer[mid].anchor
                  for mid in self.worker.module_ids}
         self.partial.save(self.worker, bases, self.rounds.carry, self._chunk_tokens)
 

@@ -15,6 +15,7 @@ input, which is what keeps replicas bit-identical.
 3. `settle` (every member): apply the decoded mean with the outer Nesterov step and decide what becomes of
    the member's own work, by the round's status:
      merged / alone: our Δ is in the mean.      local ← new_anchor + (local_now − local_when_sent)
+            (with `[codec] feedback` in the weights, minus what our frame did not carry: it stays ours)
      late:  the round closed without us: apply the mean, keep our Δ for the next round (its tokens carry,
             its error-feedback residual is restored).   local ← new_anchor + (local_now − old_anchor)
      failed (or any other status, or a mean that does not decode): nothing is applied; our steps stay in the
@@ -66,6 +67,15 @@ class Contribution:
     """The local weights at the send (flat fp32): the base of the shift applied when the round merges."""
     feedback_before: dict = field(default_factory=dict)
     """The error-feedback state before this frame was encoded: restored when the Δ is kept for later."""
+    unsent: torch.Tensor | None = None
+    """With `[codec] feedback` in the weights: Δ minus what the frame carries (flat fp32), kept in the local weights
+    when the round merges."""
+
+    @property
+    def merged_base(self) -> torch.Tensor:
+        """What the local weights count from once this Δ is merged: local ← new anchor + (local − merged_base).
+        The weights at the send, plus what the frame did not carry when that stays in the weights."""
+        return self.local_when_sent if self.unsent is None else self.local_when_sent + self.unsent
 
 
 def contribution_codec(codec: CodecSpec) -> Codec:
@@ -97,9 +107,18 @@ def make_contribution(state: OuterState, local: torch.Tensor, feedback: ErrorFee
     delta = pseudo_gradient(state.anchor, local)
     before = feedback.state_dict()
     kind = contribution_codec(codec)
-    frame = feedback.encode(delta, codec=kind) if codec.error_feedback else encode_with(kind, delta)
+    unsent = None
+    if codec.feedback_in_weights:
+        kind.check(delta)
+        flat = delta.reshape(-1).contiguous()
+        frame, decoded = kind.encode_values(flat, tuple(delta.shape), delta.dtype, want_decoded=True)
+        unsent = flat - decoded
+    elif codec.error_feedback:
+        frame = feedback.encode(delta, codec=kind)
+    else:
+        frame = encode_with(kind, delta)
     return Contribution(frame=frame, tokens=tokens, round=state.round, digest_before=state.digest(),
-                        local_when_sent=local, feedback_before=before)
+                        local_when_sent=local, feedback_before=before, unsent=unsent)
 
 
 @dataclass(frozen=True)
@@ -264,7 +283,7 @@ def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, statu
             state.apply(mean, outer)
             state.reducers = tuple(next_reducers)
             digest = state.digest()
-            base = sent.local_when_sent if status in MERGED else old_anchor
+            base = sent.merged_base if status in MERGED else old_anchor
             local = state.anchor + (local_now.detach().to("cpu", torch.float32) - base)
             ours = status in MERGED
             return Settlement(applied=True, local=local, restore_feedback=not ours,

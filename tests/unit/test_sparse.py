@@ -164,3 +164,25 @@ def test_a_sparse_swarm_refuses_int8_frames_and_the_reverse():
     int8 = SwarmSpec(name="int8", levels=(1,))
     sparse_frame = encode_with(SparseCodec(64, 4, 2), heavy(640, 41))
     assert close_round([("a", 10, sparse_frame)], 640, int8).mean_frame == b""
+
+
+def test_what_a_sparse_frame_did_not_carry_stays_in_the_local_weights_or_in_the_buffer():
+    numel = 640
+    start = OuterState(heavy(numel, 50), torch.zeros(numel), 3)
+    local = start.anchor - 0.01 * heavy(numel, 51)
+    for mode in ("weights", "buffer"):
+        spec = SPEC.replace(codec=CodecSpec(kind="sparse", chunk_size=64, k_per_chunk=4, feedback=mode))
+        state, feedback = OuterState(start.anchor.clone(), start.momentum.clone(), 3), ErrorFeedback()
+        sent = make_contribution(state, local, feedback, spec.codec, 100)
+        closed = close_round([("a", 100, sent.frame)], numel, spec, before=state)
+        done = settle(state, sent, local, "alone", 3, closed.mean_frame, closed.digest_after, spec.outer,
+                      codec=spec.codec)
+        carried = decode_sparse(sent.frame, max_elements=numel)
+        if mode == "weights":  # Δ = carried + unsent; the weights keep the unsent part, the buffer stays empty
+            assert torch.allclose(sent.unsent, (start.anchor - local) - carried, atol=1e-6)
+            assert feedback.residual is None
+            assert torch.allclose(done.local, state.anchor - sent.unsent, atol=1e-6)
+        else:
+            assert sent.unsent is None and torch.allclose(feedback.residual, (start.anchor - local) - carried,
+                                                          atol=1e-6)
+            assert torch.equal(done.local, state.anchor)
