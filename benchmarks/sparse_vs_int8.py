@@ -81,8 +81,13 @@ DIPACO_ARMS = ("fp32", "int8", "sparse k=1% 2-bit", "sparse k=3% 2-bit", "sparse
 """The DiPaCo experiment's arms by default (each costs ~6 min on one core)."""
 
 
+_ROUND_RULE_CODECS = (round_rule.contribution_codec, round_rule.mean_codec)
+
+
 def _use_codec(codec: CodecSpec | None):
-    """The spec's codec, or (None) the fp32 arm: the round rule's codec choice is replaced in this process."""
+    """The spec's codec, or (None) the fp32 arm: the round rule's codec choice is replaced in this process (and
+    put back for the next arm a pool process runs)."""
+    round_rule.contribution_codec, round_rule.mean_codec = _ROUND_RULE_CODECS
     if codec is None:
         raw = Float32Codec()
         round_rule.contribution_codec = round_rule.mean_codec = lambda _spec: raw
@@ -213,7 +218,7 @@ def main() -> None:
     jobs = [{"experiment": e, "name": n, "codec": specs[n], "args": a} for e in args.experiments.split(",")
             for n in chosen if e == "diloco" or args.arms or n in DIPACO_ARMS]
     t0 = time.perf_counter()
-    with Pool(args.jobs) as pool:
+    with Pool(args.jobs, maxtasksperchild=1) as pool:
         arms = pool.map(_job, jobs, chunksize=1)
     result = {"claim": "sparse outer gradients: >= 100x fewer bytes per round than fp32 (both directions) within "
                        "1 % of int8 + zstd's final loss; round rule <= 5 % of inner compute",
