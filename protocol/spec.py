@@ -108,6 +108,9 @@ class RouterSpec:
             _check(all(math.isfinite(v) for v in c), f"router.centroids[{i}]", "contains NaN or Inf")
 
 
+INNER_OPTIMIZERS = ("adamw", "adamw8bit")
+
+
 @dataclass(frozen=True)
 class InnerOptSpec:
     """Inner optimiser: AdamW for H steps on the path's own documents (DiLoCo's inner loop)."""
@@ -128,8 +131,13 @@ class InnerOptSpec:
     """Sequences per inner step."""
     steps: int = 50
     """H: inner steps between two outer rounds."""
+    optimizer: str = "adamw"
+    """"adamw" (two fp32 moments per parameter) or "adamw8bit" (bitsandbytes' blockwise 8-bit moments, about a
+    quarter of the memory). The default of the swarm's nodes; each node may choose its own (`node run --optimizer`):
+    it changes only that node's inner steps."""
 
     def validate(self) -> None:
+        _check(self.optimizer in INNER_OPTIMIZERS, "inner.optimizer", f"must be one of {', '.join(INNER_OPTIMIZERS)}")
         _check(self.lr > 0, "inner.lr", "must be positive")
         _check(0 <= self.beta1 < 1, "inner.beta1", "must be in [0, 1)")
         _check(0 <= self.beta2 < 1, "inner.beta2", "must be in [0, 1)")

@@ -89,13 +89,17 @@ def node_id(identity: str | None) -> None:
               help="Audit a round another peer reduced with probability RATE / group size: download the frames it "
                    "merged and recompute its mean, so a lying reducer is caught (docs/SECURITY.md). With every "
                    "member at 0.2 a group audits one round in five. 0: never audit.")
+@click.option("--optimizer", type=click.Choice(["adamw", "adamw8bit"]), default=None,
+              help="This node's inner optimizer (default: the spec's [inner] optimizer). adamw8bit keeps "
+                   "bitsandbytes' 8-bit moments: about a quarter of AdamW's optimizer memory. Only this node's "
+                   "inner steps change; its peers may use either.")
 @friendly
 def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], membership_file: str | None,
              identity: str | None, path: str, device: str, data_dir: str | None,
              host_maddrs: tuple[str, ...], checkpoint_dir: str | None, init_dir: str | None, ready_file: str | None,
              status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int,
              offline: bool, sync_rounds: bool, max_tokens_per_s: float, save_partial_s: float,
-             audit_rate: float) -> None:
+             audit_rate: float, optimizer: str | None) -> None:
     """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly).
 
     \b
@@ -121,7 +125,7 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
                      status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
                      wait_peers=wait_peers, offline=offline, sync_rounds=sync_rounds,
                      max_tokens_per_s=max_tokens_per_s, partial_every_s=save_partial_s,
-                     audit_rate=audit_rate)
+                     audit_rate=audit_rate, optimizer=optimizer or "")
     n = Node(cfg, handle_signals=True)
     if sys.stderr.isatty():
         sys.exit(run_with_display(n))

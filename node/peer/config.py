@@ -62,6 +62,8 @@ class NodeConfig:
     group audits one round in five (an audit downloads the round's frames but the auditor's own). The default keeps
     benchmarks/wire.py's goal (≥ 450× fewer bytes sent than fp32 data-parallel at H=100). 0: never audit (alerts
     are still checked)."""
+    optimizer: str = ""
+    """This node's inner optimizer, "adamw" or "adamw8bit" ("": the spec's [inner] optimizer)."""
     partial_every_s: float = 2.0
     """Save the round in progress (node/partial_round.py) this often at most, and never spend more than
     1/PARTIAL_COST_SHARE of training time on it (0: never; needs checkpoint_dir): a crash then loses seconds of

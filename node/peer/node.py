@@ -99,7 +99,7 @@ class Node:
             sampler = TokenSampler(documents_of_path(spec, train, path), spec.model.context_len, seed=cfg.seed)
             clock.lap("routing")
             self.worker = PathWorker(spec, path, lambda: sampler.sample(spec.inner.batch_size),
-                                     name=self.status.peer_id, device=device)
+                                     name=self.status.peer_id, device=device, optimizer=cfg.optimizer or None)
             self._start_exchange()
             if cfg.offline:
                 me = self.status.peer_id

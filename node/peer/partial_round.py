@@ -7,7 +7,8 @@ holds what the round checkpoint does not:
     from: the node resumes at anchor + (local − sent), keeping only the steps not yet sent. Steps already
     sent are not kept: if their round merged, the swarm's next anchor holds them; keeping them too would
     apply them twice. With nothing in flight the local weights come back exactly;
-  - the inner AdamW moments and step counts, and the node's inner step (its warm-up position);
+  - the inner optimizer's state (AdamW's moments, or AdamW8bit's 8-bit ones with their maps and scales) and step
+    counts, and the node's inner step (its warm-up position);
   - the tokens those steps stand for (this round's, and any carried over from a round that did not merge).
 It names the anchors it was made against (round and digest per module) and is used only on top of those
 same anchors: after a checkpoint of a later round, it is stale and ignored. The node adopts newer state
@@ -31,6 +32,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from pathswarm.node.train.inner import optimizer_kind
 from pathswarm.protocol.spec import SwarmSpec, format_path
 
 FILE = "PARTIAL.safetensors"
@@ -55,6 +57,22 @@ class Resumed:
 
 def _params(worker) -> list[torch.Tensor]:
     return [p for g in worker.opt.param_groups for p in g["params"]]
+
+
+_STATE_KEYS = {"adamw": ({"exp_avg", "exp_avg_sq"},),
+               # AdamW8bit: 8-bit moments with their quantisation maps and block scales, or, for tensors under its
+               # min_8bit_size, two 32-bit moments under the same names
+               "adamw8bit": ({"state1", "state2", "qmap1", "qmap2", "absmax1", "absmax2"}, {"state1", "state2"})}
+
+
+def _fits(state: dict[str, torch.Tensor], p: torch.Tensor, kind: str) -> bool:
+    """A saved optimizer state of one parameter has the keys `kind` makes, moments of the parameter's shape, and
+    finite floats."""
+    if set(state) not in _STATE_KEYS[kind]:
+        return False
+    moments = ("exp_avg", "exp_avg_sq") if kind == "adamw" else ("state1", "state2")
+    return all(state[k].shape == p.shape for k in moments) and all(
+        bool(torch.isfinite(t).all()) for t in state.values() if t.is_floating_point())
 
 
 def discard_partial(root: str | Path) -> None:
@@ -96,16 +114,20 @@ def save_partial(root: str | Path, spec: SwarmSpec, worker, bases: dict[str, tor
     steps = {}
     for i, p in enumerate(_params(worker)):
         st = worker.opt.state.get(p)
-        if st is not None:
-            tensors[f"opt.{i}.exp_avg"] = _cpu_own(st["exp_avg"])
-            tensors[f"opt.{i}.exp_avg_sq"] = _cpu_own(st["exp_avg_sq"])
+        if st:  # every tensor of the state: AdamW's two moments, or AdamW8bit's 8-bit moments, maps and scales
+            for key, value in st.items():
+                if torch.is_tensor(value) and key != "step":
+                    # AdamW8bit's quantisation maps are one tensor shared by every parameter: each gets a copy
+                    tensors[f"opt.{i}.{key}"] = value.detach().to("cpu").clone() if key.startswith("qmap") \
+                        else _cpu_own(value)
             steps[str(i)] = int(st["step"])
     meta = {"format": FORMAT, "swarm_id": spec.swarm_id, "path": format_path(worker.path),
             "anchors": json.dumps(anchors), "round_tokens": str(int(worker.round_tokens)),
             "round_steps": str(int(worker.round_steps)), "uncounted_tokens": str(int(uncounted_tokens)),
             "sha256": _digest(tensors),
             "carry": json.dumps({m: int(n) for m, n in carry.items() if m in worker.module_ids}),
-            "inner_step": str(int(worker.inner_step)), "opt_steps": json.dumps(steps)}
+            "inner_step": str(int(worker.inner_step)), "opt_steps": json.dumps(steps),
+            "optimizer": optimizer_kind(worker.opt)}
     final = root / FILE
     tmp = root / f".{FILE}.tmp"  # one name: a write cut short by a kill is overwritten by the next, never piles up
     save_file(tensors, str(tmp), metadata=meta)
@@ -151,14 +173,16 @@ def load_partial(root: str | Path, spec: SwarmSpec, worker) -> Resumed:
             local = local.reshape(-1)
             weights[mid] = local if sent is None else st.anchor + (local - sent.reshape(-1))
         steps = {int(i): int(s) for i, s in json.loads(meta["opt_steps"]).items()}
-        moments = {}
+        moments: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
         params = _params(worker)
-        for i, s in steps.items():
-            m, v = tensors.get(f"opt.{i}.exp_avg"), tensors.get(f"opt.{i}.exp_avg_sq")
-            if not 0 <= i < len(params) or m is None or v is None or s < 1 \
-                    or m.shape != params[i].shape or v.shape != params[i].shape:
+        # A round saved under the other inner optimizer (the node was restarted with another --optimizer) resumes its
+        # weights, and its optimizer starts afresh.
+        same_optimizer = meta.get("optimizer", "adamw") == optimizer_kind(worker.opt)
+        for i, s in steps.items() if same_optimizer else ():
+            state = {k.split(".", 2)[2]: t for k, t in tensors.items() if k.startswith(f"opt.{i}.")}
+            if not 0 <= i < len(params) or s < 1 or not _fits(state, params[i], optimizer_kind(worker.opt)):
                 raise PartialError("inner optimizer state does not fit the model")
-            moments[i] = (s, m, v)
+            moments[i] = (s, state)
         carry = {m: int(n) for m, n in json.loads(meta["carry"]).items() if m in worker.module_ids}
         round_tokens, inner_step = int(meta["round_tokens"]), int(meta["inner_step"])
         round_steps, uncounted = int(meta["round_steps"]), int(meta["uncounted_tokens"])
@@ -171,9 +195,11 @@ def load_partial(root: str | Path, spec: SwarmSpec, worker) -> Resumed:
     # Everything checked: only now change the worker.
     for mid, w in weights.items():
         worker.set_flat(mid, w)
-    for i, (s, m, v) in moments.items():
+    for i, (s, state) in moments.items():
         p = params[i]
-        worker.opt.state[p] = {"step": s, "exp_avg": m.to(p.device, p.dtype), "exp_avg_sq": v.to(p.device, p.dtype)}
+        # Moments come back in the parameter's dtype (AdamW) or as saved (AdamW8bit's uint8 states, fp32 maps).
+        worker.opt.state[p] = {"step": s, **{k: t.to(p.device, p.dtype if k.startswith("exp_avg") else t.dtype)
+                                             for k, t in state.items()}}
     worker.inner_step, worker.round_tokens, worker.round_steps = inner_step, round_tokens, round_steps
     return Resumed(round_tokens=round_tokens, round_steps=round_steps, carry=carry, inner_step=inner_step,
                    uncounted_tokens=uncounted)

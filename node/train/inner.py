@@ -57,10 +57,32 @@ class AdamW:
                 p.addcdiv_(st["exp_avg"], denom, value=-lr / bias1)
 
 
-def make_inner_optimizer(model: PathModel, cfg: InnerOptSpec, lr: float | None = None) -> AdamW:
-    """AdamW over the path's parameters with muP per-group learning rates (lr overrides cfg.lr)."""
+def make_inner_optimizer(model: PathModel, cfg: InnerOptSpec, lr: float | None = None,
+                         optimizer: str | None = None):
+    """The inner optimizer over the path's parameters with muP per-group learning rates (lr overrides cfg.lr):
+    our AdamW, or with `optimizer` (else cfg.optimizer) "adamw8bit" bitsandbytes' AdamW8bit (blockwise 8-bit
+    moments; tensors under its min_8bit_size, 4096 values, keep 32-bit ones)."""
+    kind = optimizer or cfg.optimizer
     groups = param_groups(model, lr if lr is not None else cfg.lr, cfg.weight_decay)
+    if kind == "adamw8bit":
+        # Imported here only: bitsandbytes and the torch.optim machinery it pulls in cost seconds at start-up
+        # (see AdamW above), and most nodes never use it.
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(groups, betas=(cfg.beta1, cfg.beta2))
+    if kind != "adamw":
+        raise ValueError(f"unknown inner optimizer {kind!r} (adamw or adamw8bit)")
     return AdamW(groups, betas=(cfg.beta1, cfg.beta2))
+
+
+def optimizer_kind(opt) -> str:
+    """'adamw8bit' for bitsandbytes' optimizer, else 'adamw'."""
+    return "adamw" if isinstance(opt, AdamW) else "adamw8bit"
+
+
+def optimizer_state_bytes(opt) -> int:
+    """Bytes of the optimizer's state tensors (moments, quantisation maps and scales)."""
+    return sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
 
 
 def set_warmup_lr(opt: AdamW, inner_step: int, warmup_steps: int) -> None:

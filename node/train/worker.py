@@ -1,4 +1,4 @@
-"""One path's worker: a PathModel, its inner AdamW, and an outer state per module it holds.
+"""One path's worker: a PathModel, its inner optimizer, and an outer state per module it holds.
 
 This is the unit both the in-process simulator and the real node drive: `train_inner` runs inner steps;
 the outer round itself (contribution, close, settle) is node/train/round.py's, on the worker's `outer`
@@ -23,14 +23,14 @@ from pathswarm.protocol.spec import SwarmSpec
 class PathWorker:
     def __init__(self, spec: SwarmSpec, path: tuple[int, ...], batches: Callable[[], tuple[torch.Tensor, torch.Tensor]],
                  name: str = "worker", lr: float | None = None, model: PathModel | None = None,
-                 device: str = "cpu"):
+                 device: str = "cpu", optimizer: str | None = None):
         self.spec = spec
         self.path = tuple(path)
         self.name = name
         self.model = (model if model is not None else build_path(spec, self.path)).to(device)
         self.module_ids = self.model.module_ids
         self.batches = batches
-        self.opt = make_inner_optimizer(self.model, spec.inner, lr)
+        self.opt = make_inner_optimizer(self.model, spec.inner, lr, optimizer)
         self.outer = {mid: OuterState.fresh(self.flat(mid)) for mid in self.module_ids}
         self.feedback = {mid: ErrorFeedback() for mid in self.module_ids}
         self.inner_step = 0
