@@ -38,6 +38,78 @@ def node_id(identity: str | None) -> None:
     click.echo(f"(identity {path})", err=True)
 
 
+@node.command("plan")
+@click.option("--swarm", "spec_path", default=None, help="The swarm's spec (TOML), or 'public'.")
+@click.option("--join", "join_id", default=None, help="The swarm's id: its spec is fetched through --initial-peer.")
+@click.option("--initial-peer", "initial_peers", multiple=True, help="A peer of the swarm (with --join).")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where the node would train: its memory is the budget unless --vram says otherwise.")
+@click.option("--vram", default=None, help="Memory budget for training, e.g. 8GB (default: the device's total "
+                                          "memory for cuda, the available RAM for cpu).")
+@friendly
+def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], device: str,
+              vram: str | None) -> None:
+    """Print what training one path of the swarm needs in memory, and the settings that fit.
+
+    \b
+    Per path: fp32 weights and gradients, the inner optimizer's state (AdamW, AdamW8bit), the activations kept for
+    the backward pass at the spec's context (counted on PyTorch's meta device: nothing is allocated), the peak of a
+    training step, and the outer state in host memory. Then, for each optimizer, the largest micro-batch that fits
+    in 90 % of the budget (gradients accumulated over the spec's batch).
+
+    \b
+    pathswarm node plan --swarm swarm.toml --device cuda --vram 8GB
+    """
+    from pathswarm.node.train.memory import fits, parse_bytes, plan_path
+
+    spec, _ = resolve_swarm(spec_path, join_id, tuple(initial_peers))
+    try:
+        budget = parse_bytes(vram) if vram else _device_memory(device)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--vram") from None
+    path = spec.path_of_index(0)
+    m = plan_path(spec, path)  # every path has the same shape: one shared module and one module per level
+    batch = spec.inner.batch_size
+
+    def mb(n: int) -> str:
+        return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
+
+    click.echo(f"swarm {spec.name} ({spec.swarm_id[:12]}): {spec.n_paths} path(s) of {m.params:,} parameters each, "
+               f"context {spec.model.context_len}, batch {batch}")
+    rows = [("weights (fp32)", mb(m.weights)), ("gradients (fp32)", mb(m.grads)),
+            ("optimizer state", f"adamw {mb(m.adamw)} · adamw8bit {mb(m.adamw8bit)}"),
+            ("activations", f"{mb(m.activations_per_sequence)} per sequence · {mb(m.activations(batch))} at batch "
+                            f"{batch}"),
+            ("training step peak", f"adamw {mb(m.device_bytes(batch, 'adamw'))} · adamw8bit "
+                                   f"{mb(m.device_bytes(batch, 'adamw8bit'))} (incl. backward workspace)"),
+            ("host memory", f"{mb(m.host_bytes)} (outer state: anchor, momentum, feedback, a round in flight)")]
+    for name, value in rows:
+        click.echo(f"  {name:20s} {value}")
+    click.echo(f"budget {mb(budget)} on {device} (90 % usable):")
+    found = fits(m, batch, budget)
+    for f in found:
+        how = "the whole batch at once" if f.accumulation == 1 else f"{f.accumulation} micro-batches accumulated"
+        click.echo(f"  {f.optimizer:10s} micro-batch {f.micro_batch} ({how}): {mb(f.device_bytes)}")
+    if not found:
+        click.echo("  nothing fits, even one sequence per micro-batch with 8-bit state: choose a smaller spec "
+                   "(width, layers per module, context) or a device with more memory")
+
+
+def _device_memory(device: str) -> int:
+    """The training budget when --vram is not given: the GPU's total memory, or the RAM available now."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("no CUDA device here: give the card's memory with --vram (e.g. 8GB)")
+        return torch.cuda.get_device_properties(0).total_memory
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise ValueError("cannot read the available memory: give it with --vram")
+
+
 @node.command("run")
 @click.option("--swarm", "spec_path", default=None,
               help="The swarm's spec (TOML), or 'public' for the public swarm listed in bootstrap/public_swarm.toml.")

@@ -81,8 +81,10 @@ def optimizer_kind(opt) -> str:
 
 
 def optimizer_state_bytes(opt) -> int:
-    """Bytes of the optimizer's state tensors (moments, quantisation maps and scales)."""
-    return sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
+    """Bytes of the optimizer's state tensors (moments, quantisation maps and scales); a tensor shared by several
+    parameters (AdamW8bit's maps) counts once."""
+    tensors = {v.data_ptr(): v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)}
+    return sum(v.numel() * v.element_size() for v in tensors.values())
 
 
 def set_warmup_lr(opt: AdamW, inner_step: int, warmup_steps: int) -> None:

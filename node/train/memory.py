@@ -1,0 +1,139 @@
+"""A node's memory plan: what training one path needs, counted before anything is allocated (issue 19).
+
+Per path: the fp32 weights, their gradients, the inner optimizer's state (AdamW: two fp32 moments; AdamW8bit: two
+8-bit moments with a 4-byte scale per 256 values, and 32-bit moments for tensors under bitsandbytes' min_8bit_size),
+and the activations autograd keeps for the backward pass. Activations are not a formula: the path is built on
+PyTorch's meta device (shapes, no memory) and one forward pass of `micro_batch` sequences at the spec's context
+records every tensor autograd saves (`saved_tensors_hooks`); a tensor saved twice, or a view of one, counts once.
+They grow linearly with the micro-batch, so gradient accumulation over smaller micro-batches trades them for steps.
+
+The outer state (anchor, Nesterov buffer, error feedback, the weights of a contribution in flight) lives in host
+memory whatever the device: `host_bytes`. Nothing here allocates real tensors or touches a device.
+
+tests/unit/test_memory_plan.py checks the figures against what the CPU allocator actually holds during a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pathswarm.node.model.model import build_path
+from pathswarm.protocol.spec import SwarmSpec
+
+MIN_8BIT_SIZE = 4096
+"""bitsandbytes keeps 32-bit moments for tensors with fewer values than this (its optimizers' default)."""
+BLOCK = 256
+"""bitsandbytes' 8-bit optimizer block: one fp32 scale per moment per block."""
+QMAPS_BYTES = 2 * 256 * 4
+"""Its two quantisation maps (256 fp32 values each), shared by every parameter."""
+BACKWARD_WORKSPACE = 0.2
+"""The backward pass's temporaries (gradients of activations, attention's workspace) and the allocator's slack, as a
+share of the saved activations: measured on the CPU at steady state, the peak exceeded weights + gradients + state
++ activations by 0–27 % over five shapes (tests/unit/test_memory_plan.py keeps two)."""
+
+
+@dataclass(frozen=True)
+class PathMemory:
+    """Bytes to train one path at one micro-batch (device side) and to keep its outer state (host side)."""
+
+    params: int
+    weights: int
+    grads: int
+    adamw: int
+    adamw8bit: int
+    activations_per_sequence: int
+    """Bytes autograd keeps per sequence of the spec's context (the micro-batch multiplies it)."""
+    host_bytes: int
+    """Outer state in host memory: anchor, Nesterov buffer, error feedback and the weights of a round in flight."""
+
+    def activations(self, micro_batch: int) -> int:
+        return self.activations_per_sequence * micro_batch
+
+    def device_bytes(self, micro_batch: int, optimizer: str) -> int:
+        """Peak bytes of a training step: weights, gradients, optimizer state, activations and backward workspace."""
+        state = self.adamw8bit if optimizer == "adamw8bit" else self.adamw
+        return self.weights + self.grads + state + round(self.activations(micro_batch) * (1 + BACKWARD_WORKSPACE))
+
+
+def optimizer_bytes(shapes: list[int]) -> tuple[int, int]:
+    """(AdamW, AdamW8bit) state bytes for parameter tensors of these sizes."""
+    adamw = sum(8 * n for n in shapes)
+    small = sum(8 * n for n in shapes if n < MIN_8BIT_SIZE)
+    big = sum(2 * n + 2 * 4 * -(-n // BLOCK) for n in shapes if n >= MIN_8BIT_SIZE)
+    return adamw, small + big + (QMAPS_BYTES if big else 0)
+
+
+def activation_bytes(spec: SwarmSpec, path: tuple[int, ...], micro_batch: int = 1) -> int:
+    """Bytes of the tensors autograd saves in one forward pass of `micro_batch` sequences (meta device)."""
+    with torch.device("meta"):
+        model = build_path(spec, path)
+        tokens = torch.zeros(micro_batch, spec.model.context_len, dtype=torch.long)
+    seen: dict[int, int] = {}
+    keep = []  # hold every saved tensor until counted: ids of freed tensors are reused
+    weights = {id(p) for p in model.parameters()}
+
+    def pack(t: torch.Tensor):
+        base = t._base if t._base is not None else t
+        if id(base) not in weights:  # a weight (or a view of one, e.g. its transpose) is saved, not copied
+            keep.append(base)
+            seen[id(base)] = base.numel() * base.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(tokens)
+    # The loss (cross-entropy over the logits) saves the logits' softmax: count it as training does.
+    seen[-1] = out.numel() * 4
+    return sum(seen.values())
+
+
+def plan_path(spec: SwarmSpec, path: tuple[int, ...]) -> PathMemory:
+    with torch.device("meta"):
+        model = build_path(spec, path)
+    shapes = [p.numel() for p in model.parameters()]
+    params = sum(shapes)
+    adamw, adamw8bit = optimizer_bytes(shapes)
+    # anchor + momentum + feedback residual (or unsent part), and local weights at the send while a round is in flight
+    host = 4 * params * 4
+    return PathMemory(params=params, weights=4 * params, grads=4 * params, adamw=adamw, adamw8bit=adamw8bit,
+                      activations_per_sequence=activation_bytes(spec, path, 1), host_bytes=host)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A setting that fits a memory budget: `micro_batch` sequences per backward, accumulated to the spec's batch."""
+
+    optimizer: str
+    micro_batch: int
+    accumulation: int
+    device_bytes: int
+
+
+def fits(memory: PathMemory, batch: int, budget: int, headroom: float = 0.9) -> list[Fit]:
+    """For each optimizer, the largest micro-batch (a divisor of the batch) whose training fits in `headroom` of
+    `budget` bytes; an optimizer with none is left out."""
+    out = []
+    for optimizer in ("adamw", "adamw8bit"):
+        for micro in sorted((d for d in range(1, batch + 1) if batch % d == 0), reverse=True):
+            need = memory.device_bytes(micro, optimizer)
+            if need <= headroom * budget:
+                out.append(Fit(optimizer, micro, batch // micro, need))
+                break
+    return out
+
+
+def parse_bytes(text: str) -> int:
+    """'8GB', '12 GiB', '512MB', '1e9' → bytes (GB and GiB both mean 2^30 here, as GPU vendors' cards are sized)."""
+    t = text.strip().upper().replace(" ", "")
+    units = {"TIB": 1 << 40, "TB": 1 << 40, "GIB": 1 << 30, "GB": 1 << 30, "G": 1 << 30, "MIB": 1 << 20,
+             "MB": 1 << 20, "M": 1 << 20, "KIB": 1 << 10, "KB": 1 << 10, "B": 1}
+    unit = next((u for u in units if t.endswith(u)), "")
+    number, scale = (t[:-len(unit)], units[unit]) if unit else (t, 1)
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size (e.g. 8GB, 512MB)") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{text!r}: a size must be positive")
+    return int(value * scale)

@@ -1,0 +1,49 @@
+"""Measure one training step's memory on the CPU, for tests/unit/test_memory_plan.py (run as a fresh process).
+
+Usage: python tests/memory_probe.py WIDTH LAYERS CONTEXT BATCH OPTIMIZER. Builds the path and its optimizer, takes a
+first step (the optimizer allocates its state), resets the kernel's peak-RSS mark (/proc/self/clear_refs), takes a
+second step and prints JSON: the peak's growth over the RSS before the first step (weights excluded), and the plan's
+figures for the same shape."""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+
+import torch
+
+from pathswarm.node.model.model import build_path
+from pathswarm.node.train.inner import make_inner_optimizer, train_steps
+from pathswarm.node.train.memory import plan_path
+from pathswarm.protocol.spec import InnerOptSpec, ModelSpec, SwarmSpec
+
+
+def rss(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
+
+
+def main() -> None:
+    width, layers, ctx, batch = (int(a) for a in sys.argv[1:5])
+    torch.set_num_threads(1)
+    spec = SwarmSpec(model=ModelSpec(width=width, n_heads=max(1, width // 64), layers_per_module=layers,
+                                     context_len=ctx), inner=InnerOptSpec(batch_size=batch, optimizer=sys.argv[5]))
+    path = spec.path_of_index(0)
+    plan = plan_path(spec, path)
+    model = build_path(spec, path)
+    opt = make_inner_optimizer(model, spec.inner)
+    x, y = torch.randint(0, 256, (batch, ctx)), torch.randint(0, 256, (batch, ctx))
+    gc.collect()
+    before = rss("VmRSS:")
+    train_steps(model, opt, lambda: (x, y), spec.inner, 1, 100)
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    train_steps(model, opt, lambda: (x, y), spec.inner, 1, 101)
+    print(json.dumps({"measured": rss("VmHWM:") - before,
+                      "planned": plan.device_bytes(batch, sys.argv[5]) - plan.weights}))
+
+
+if __name__ == "__main__":
+    main()
