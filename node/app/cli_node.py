@@ -60,11 +60,11 @@ def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[s
     \b
     pathswarm node plan --swarm swarm.toml --device cuda --vram 8GB
     """
-    from pathswarm.node.train.memory import fits, parse_bytes, plan_path
+    from pathswarm.node.train.memory import device_budget, fits, parse_bytes, plan_path
 
     spec, _ = resolve_swarm(spec_path, join_id, tuple(initial_peers))
     try:
-        budget = parse_bytes(vram) if vram else _device_memory(device)
+        budget = parse_bytes(vram) if vram else device_budget(device)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--vram") from None
     path = spec.path_of_index(0)
@@ -93,21 +93,6 @@ def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[s
     if not found:
         click.echo("  nothing fits, even one sequence per micro-batch with 8-bit state: choose a smaller spec "
                    "(width, layers per module, context) or a device with more memory")
-
-
-def _device_memory(device: str) -> int:
-    """The training budget when --vram is not given: the GPU's total memory, or the RAM available now."""
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError("no CUDA device here: give the card's memory with --vram (e.g. 8GB)")
-        return torch.cuda.get_device_properties(0).total_memory
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise ValueError("cannot read the available memory: give it with --vram")
 
 
 @node.command("run")

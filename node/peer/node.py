@@ -41,7 +41,8 @@ from pathswarm.node.peer.splits import Heal, SplitWatch, lost_since, split_verdi
 from pathswarm.node.peer.state_sync import StateSync
 from pathswarm.node.peer.status import PhaseClock, RoundWork, write_ready, write_status
 from pathswarm.node.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from pathswarm.node.train.inner import evaluate_loss
+from pathswarm.node.train.inner import evaluate_loss, optimizer_kind
+from pathswarm.node.train.memory import device_budget, planned_micro_batch
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import read_revocations
 from pathswarm.protocol.exchange import ModuleExchange
@@ -100,6 +101,8 @@ class Node:
             clock.lap("routing")
             self.worker = PathWorker(spec, path, lambda: sampler.sample(spec.inner.batch_size),
                                      name=self.status.peer_id, device=device, optimizer=cfg.optimizer or None)
+            if device.startswith("cuda"):
+                self._apply_memory_plan(path, device)
             self._start_exchange()
             if cfg.offline:
                 me = self.status.peer_id
@@ -170,6 +173,15 @@ class Node:
         if self.cfg.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device is available")
         return self.cfg.device
+
+    def _apply_memory_plan(self, path: tuple[int, ...], device: str) -> None:
+        """On a GPU, train at the micro-batch the memory plan fits in the card (node/train/memory.py): a ValueError
+        when nothing fits ends the start with the figures; an out-of-memory error later halves it and goes on."""
+        kind = optimizer_kind(self.worker.opt)
+        budget = device_budget(device)
+        self.worker.micro.size = planned_micro_batch(self.spec, path, kind, budget)
+        logger.info("memory plan: %d of %d sequences per micro-batch with %s in %.1f GiB", self.worker.micro.size,
+                    self.spec.inner.batch_size, kind, budget / 2**30)
 
     # ---- path, claims and groups -------------------------------------------------------------
     def _pick_path(self) -> tuple[int, ...]:

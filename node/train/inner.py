@@ -6,6 +6,7 @@ The same functions drive the simulator, the synchronous baseline and the real no
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ import torch
 
 from pathswarm.node.model.model import PathModel, param_groups
 from pathswarm.protocol.spec import InnerOptSpec
+
+logger = logging.getLogger(__name__)
 
 
 class AdamW:
@@ -102,10 +105,36 @@ class InnerStats:
     tokens: int
 
 
+@dataclass
+class MicroBatching:
+    """How many sequences one forward/backward takes (node/train/memory.py plans it): a larger batch is split and its
+    gradients accumulated, the same update up to float rounding. A device out-of-memory error halves it and the step
+    is taken again (logged once), down to one sequence; only then does the error propagate."""
+
+    size: int = 0
+    """Sequences per forward/backward (0: the whole batch)."""
+    halvings: int = 0
+    """How often an out-of-memory error halved it."""
+
+
+def _accumulated_loss(model: PathModel, x: torch.Tensor, y: torch.Tensor, size: int) -> float:
+    """Backward over micro-batches of `size` sequences, each weighted by its share of the batch's tokens; returns the
+    batch's mean loss."""
+    total = 0.0
+    for s in range(0, x.shape[0], size):
+        xs, ys = x[s:s + size], y[s:s + size]
+        _, loss = model(xs, ys)
+        (loss * (ys.numel() / y.numel())).backward()
+        total += loss.item() * ys.numel()
+    return total / y.numel()
+
+
 def train_steps(model: PathModel, opt: AdamW, batches: Callable[[], tuple[torch.Tensor, torch.Tensor]],
                 cfg: InnerOptSpec, steps: int, first_step: int = 0,
-                on_step: Callable[[int, float], None] | None = None) -> InnerStats:
-    """Run `steps` inner AdamW steps; `first_step` is the node's running inner-step count (for warm-up)."""
+                on_step: Callable[[int, float], None] | None = None,
+                micro: MicroBatching | None = None) -> InnerStats:
+    """Run `steps` inner optimizer steps; `first_step` is the node's running inner-step count (for warm-up);
+    `micro`: split each batch into micro-batches (and halve them on out-of-memory errors)."""
     model.train()
     losses: list[float] = []
     tokens = 0
@@ -115,13 +144,33 @@ def train_steps(model: PathModel, opt: AdamW, batches: Callable[[], tuple[torch.
         if x.device != device:  # data is sampled on the CPU; the model may live on a GPU
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         set_warmup_lr(opt, first_step + i, cfg.warmup_steps)
-        _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        while True:
+            opt.zero_grad(set_to_none=True)
+            size = micro.size if micro is not None and 0 < micro.size < x.shape[0] else x.shape[0]
+            try:
+                if size == x.shape[0]:
+                    _, loss = model(x, y)
+                    loss.backward()
+                    value = loss.item()
+                else:
+                    value = _accumulated_loss(model, x, y, size)
+                break
+            except torch.OutOfMemoryError:
+                if micro is None or size <= 1:
+                    raise
+                opt.zero_grad(set_to_none=True)
+                loss = None  # drop the failed step's graph before trying again
+                micro.size, micro.halvings = size // 2, micro.halvings + 1
+                if micro.halvings == 1:
+                    logger.warning("out of memory on %s at %d sequences per micro-batch: going on with %d "
+                                   "(gradients accumulated; further halvings are not logged)", device, size,
+                                   micro.size)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
-        losses.append(loss.item())
+        losses.append(value)
         tokens += y.numel()
         if on_step is not None:
             on_step(first_step + i, losses[-1])

@@ -137,3 +137,28 @@ def parse_bytes(text: str) -> int:
     if not value > 0 or value == float("inf"):
         raise ValueError(f"{text!r}: a size must be positive")
     return int(value * scale)
+
+
+def device_budget(device: str) -> int:
+    """Memory a node may train in on `device`: a GPU's total memory, or the host RAM available now."""
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError("no CUDA device here: give the card's memory with --vram (e.g. 8GB)")
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise ValueError("cannot read the available memory: give it with --vram")
+
+
+def planned_micro_batch(spec: SwarmSpec, path: tuple[int, ...], optimizer: str, budget: int) -> int:
+    """The micro-batch a node training `path` with `optimizer` uses within `budget` bytes; ValueError, with the
+    figures, when not even one sequence fits."""
+    memory = plan_path(spec, path)
+    for fit in fits(memory, spec.inner.batch_size, budget):
+        if fit.optimizer == optimizer:
+            return fit.micro_batch
+    raise ValueError(f"training this path needs {memory.device_bytes(1, optimizer) / 2**30:.2f} GiB at one sequence "
+                     f"per micro-batch with {optimizer}, the device has {budget / 2**30:.2f} GiB "
+                     "(see `pathswarm node plan`)")

@@ -15,7 +15,7 @@ from torch.nn.utils import parameters_to_vector
 from pathswarm.compression import ErrorFeedback
 from pathswarm.node.model.model import PathModel, build_path, unflatten_like
 from pathswarm.node.train.checkpoint import ModuleState
-from pathswarm.node.train.inner import InnerStats, make_inner_optimizer, train_steps
+from pathswarm.node.train.inner import InnerStats, MicroBatching, make_inner_optimizer, train_steps
 from pathswarm.node.train.outer import OuterState, pseudo_gradient
 from pathswarm.protocol.spec import SwarmSpec
 
@@ -31,6 +31,7 @@ class PathWorker:
         self.module_ids = self.model.module_ids
         self.batches = batches
         self.opt = make_inner_optimizer(self.model, spec.inner, lr, optimizer)
+        self.micro = MicroBatching()  # the whole batch per backward unless a memory plan or an OOM says less
         self.outer = {mid: OuterState.fresh(self.flat(mid)) for mid in self.module_ids}
         self.feedback = {mid: ErrorFeedback() for mid in self.module_ids}
         self.inner_step = 0
@@ -57,7 +58,8 @@ class PathWorker:
 
     # ---- the round ---------------------------------------------------------------------------
     def train_inner(self, steps: int, on_step: Callable[[int, float], None] | None = None) -> InnerStats:
-        stats = train_steps(self.model, self.opt, self.batches, self.spec.inner, steps, self.inner_step, on_step)
+        stats = train_steps(self.model, self.opt, self.batches, self.spec.inner, steps, self.inner_step, on_step,
+                            self.micro)
         self.inner_step += steps
         self.round_steps += steps
         self.round_tokens += stats.tokens

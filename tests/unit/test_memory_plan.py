@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pathswarm.node.model.model import build_path
-from pathswarm.node.train.inner import make_inner_optimizer, optimizer_state_bytes, train_steps
+from pathswarm.node.train.inner import MicroBatching, make_inner_optimizer, optimizer_state_bytes, train_steps
 from pathswarm.node.train.memory import PathMemory, fits, parse_bytes, plan_path
 from pathswarm.protocol.spec import InnerOptSpec, ModelSpec, SwarmSpec
 
@@ -57,3 +57,45 @@ def test_sizes_parse_and_nonsense_is_refused():
     for bad in ("lots", "-1GB", "0", "infGB"):
         with pytest.raises(ValueError):
             parse_bytes(bad)
+
+
+class _OomAbove(torch.nn.Module):
+    """A path model stand-in that raises the device's out-of-memory error for micro-batches over `limit`."""
+
+    def __init__(self, model, limit: int):
+        super().__init__()
+        self.inner, self.limit, self.sizes = model, limit, []
+
+    def forward(self, x, y):
+        self.sizes.append(x.shape[0])
+        if x.shape[0] > self.limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return self.inner(x, y)
+
+
+def test_micro_batches_accumulate_to_the_full_batch_and_an_oom_halves_them(caplog):
+    spec = SwarmSpec(model=ModelSpec(width=64, context_len=16), inner=InnerOptSpec(batch_size=8, grad_clip=0.0))
+    x = torch.randint(0, 256, (8, 16))
+    y = torch.roll(x, -1, 1)
+    results = {}
+    for name, micro in (("whole", None), ("split", MicroBatching(2))):
+        torch.manual_seed(0)
+        model = build_path(spec, spec.path_of_index(0))
+        opt = make_inner_optimizer(model, spec.inner)
+        stats = train_steps(model, opt, lambda: (x, y), spec.inner, 3, micro=micro)
+        results[name] = (torch.cat([p.detach().reshape(-1) for p in model.parameters()]), stats.losses)
+    assert torch.allclose(results["whole"][0], results["split"][0], atol=1e-5)
+    assert results["whole"][1] == pytest.approx(results["split"][1], rel=1e-5)
+
+    torch.manual_seed(0)
+    model = build_path(spec, spec.path_of_index(0))
+    opt = make_inner_optimizer(model, spec.inner)
+    wrapped = _OomAbove(model, limit=3)
+    micro = MicroBatching()
+    with caplog.at_level("WARNING"):
+        stats = train_steps(wrapped, opt, lambda: (x, y), spec.inner, 3, micro=micro)
+    assert micro.size == 2 and micro.halvings == 2 and len(stats.losses) == 3  # 8 → 4 → 2, then it goes on
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1 and "out of memory" in \
+        caplog.records[0].message
+    with pytest.raises(torch.OutOfMemoryError):  # one sequence that does not fit: the error is the caller's
+        train_steps(_OomAbove(model, limit=0), opt, lambda: (x, y), spec.inner, 1, micro=MicroBatching(1))
