@@ -6,6 +6,7 @@ The same functions drive the simulator, the synchronous baseline and the real no
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Callable, Iterable
@@ -117,13 +118,27 @@ class MicroBatching:
     """How often an out-of-memory error halved it."""
 
 
+AUTOCAST_BF16 = True
+"""Inner steps on a CUDA device run in bf16 autocast (benchmarks/gpu.py turns it off to measure fp32 against it)."""
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on a CUDA device that has bf16 (weights, gradients and optimizer state stay fp32: autocast
+    only runs matmuls and attention in bf16); nothing elsewhere. The outer state never sees it: PathWorker.flat
+    reads the fp32 weights to the CPU, so digests are the same whether a node trains on a CPU or a GPU."""
+    if AUTOCAST_BF16 and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def _accumulated_loss(model: PathModel, x: torch.Tensor, y: torch.Tensor, size: int) -> float:
     """Backward over micro-batches of `size` sequences, each weighted by its share of the batch's tokens; returns the
     batch's mean loss."""
     total = 0.0
     for s in range(0, x.shape[0], size):
         xs, ys = x[s:s + size], y[s:s + size]
-        _, loss = model(xs, ys)
+        with autocast(x.device):
+            _, loss = model(xs, ys)
         (loss * (ys.numel() / y.numel())).backward()
         total += loss.item() * ys.numel()
     return total / y.numel()
@@ -149,7 +164,8 @@ def train_steps(model: PathModel, opt: AdamW, batches: Callable[[], tuple[torch.
             size = micro.size if micro is not None and 0 < micro.size < x.shape[0] else x.shape[0]
             try:
                 if size == x.shape[0]:
-                    _, loss = model(x, y)
+                    with autocast(device):
+                        _, loss = model(x, y)
                     loss.backward()
                     value = loss.item()
                 else:
@@ -185,7 +201,8 @@ def evaluate_loss(model: PathModel, batches: Iterable[tuple[torch.Tensor, torch.
     total, count = 0.0, 0
     device = next(model.parameters()).device
     for x, y in batches:
-        _, loss = model(x.to(device), y.to(device))
+        with autocast(device):
+            _, loss = model(x.to(device), y.to(device))
         total += loss.item() * y.numel()
         count += y.numel()
     model.train(was_training)
