@@ -1,10 +1,11 @@
 """What fits on a home GPU, by the memory plan (node/train/memory.py): the largest path per card size (issue 19).
 
-For widths 768–2048 and 1–16 blocks per module (a path holds the shared module and one module per level of the
-default 2x2 grid), context 1024, the spec's batch of 8 with micro-batches down to one sequence: the configuration
-with the most parameters whose training step fits in 90 % of 8, 12 and 24 GiB, with AdamW and with AdamW8bit.
-Nothing is allocated: the plan counts on PyTorch's meta device. Activations are counted in fp32; bf16 autocast on a
-GPU keeps most of them in half the bytes, so the plan errs on the safe side.
+For widths 768–2048 and 1–24 blocks per module (a path holds the shared module and one module per level of the
+default 2x2 grid), context 1024, the spec's batch of 8 with micro-batches down to one sequence, and activation
+checkpointing where nothing else fits: the configuration with the most parameters whose training step fits in 90 %
+of 8, 12 and 24 GiB, with AdamW and with AdamW8bit. Nothing is allocated: the plan counts on PyTorch's meta device.
+Activations are counted in fp32; bf16 autocast on a GPU keeps most of them in half the bytes, so the plan errs on the
+safe side.
 
     .venv/bin/python benchmarks/memory_plan.py        # ≈ 1 min
 
@@ -25,7 +26,7 @@ def main() -> None:
     ap = arguments(__doc__, "memory_plan")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--widths", default="768,1024,1536,2048")
-    ap.add_argument("--max-layers", type=int, default=16)
+    ap.add_argument("--max-layers", type=int, default=24)
     args = ap.parse_args()
     plans = []
     for width in (int(w) for w in args.widths.split(",")):
@@ -43,12 +44,14 @@ def main() -> None:
                 fit = next((f for f in fits(m, batch, gib << 30) if f.optimizer == optimizer), None)
                 if fit is not None and (best is None or m.params > best["params"]):
                     best = {"params": m.params, "width": width, "layers_per_module": layers,
-                            "micro_batch": fit.micro_batch, "peak_gib": fit.device_bytes / 2**30}
+                            "micro_batch": fit.micro_batch, "checkpointing": fit.checkpointing,
+                            "peak_gib": fit.device_bytes / 2**30}
             row[optimizer] = best
         row["params_ratio_8bit"] = (row["adamw8bit"]["params"] / row["adamw"]["params"]
                                     if row["adamw"] and row["adamw8bit"] else None)
         table.append(row)
-        print(gib, "GiB:", {k: (v["params"] / 1e6, v["width"], v["layers_per_module"], v["micro_batch"])
+        print(gib, "GiB:", {k: (v["params"] / 1e6, v["width"], v["layers_per_module"], v["micro_batch"],
+                                v["checkpointing"])
                             for k, v in row.items() if isinstance(v, dict)}, f"ratio {row['params_ratio_8bit']:.2f}")
     eight = table[0]["params_ratio_8bit"]
     write_json(args.json, {"claim": "the plan's largest path that fits a card, AdamW vs AdamW8bit",

@@ -1,9 +1,9 @@
 """Measure one training step's memory on the CPU, for tests/unit/test_memory_plan.py (run as a fresh process).
 
-Usage: python tests/memory_probe.py WIDTH LAYERS CONTEXT BATCH OPTIMIZER. Builds the path and its optimizer, takes a
-first step (the optimizer allocates its state), resets the kernel's peak-RSS mark (/proc/self/clear_refs), takes a
-second step and prints JSON: the peak's growth over the RSS before the first step (weights excluded), and the plan's
-figures for the same shape."""
+Usage: python tests/memory_probe.py WIDTH LAYERS CONTEXT BATCH OPTIMIZER [ckpt]. Builds the path and its optimizer
+(with activation checkpointing when told), takes a first step (the optimizer allocates its state), resets the
+kernel's peak-RSS mark (/proc/self/clear_refs), takes a second step and prints JSON: the peak's growth over the RSS
+before the first step (weights excluded), and the plan's figures for the same shape."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ def main() -> None:
     path = spec.path_of_index(0)
     plan = plan_path(spec, path)
     model = build_path(spec, path)
+    checkpointing = sys.argv[6:] == ["ckpt"]
+    model.set_checkpointing(checkpointing)
     opt = make_inner_optimizer(model, spec.inner)
     x, y = torch.randint(0, 256, (batch, ctx)), torch.randint(0, 256, (batch, ctx))
     gc.collect()
@@ -42,7 +44,7 @@ def main() -> None:
         f.write("5")
     train_steps(model, opt, lambda: (x, y), spec.inner, 1, 101)
     print(json.dumps({"measured": rss("VmHWM:") - before,
-                      "planned": plan.device_bytes(batch, sys.argv[5]) - plan.weights}))
+                      "planned": plan.device_bytes(batch, sys.argv[5], checkpointing) - plan.weights}))
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[s
     rows = [("weights (fp32)", mb(m.weights)), ("gradients (fp32)", mb(m.grads)),
             ("optimizer state", f"adamw {mb(m.adamw)} · adamw8bit {mb(m.adamw8bit)}"),
             ("activations", f"{mb(m.activations_per_sequence)} per sequence · {mb(m.activations(batch))} at batch "
-                            f"{batch}"),
+                            f"{batch} · checkpointed {mb(m.checkpointed_per_sequence)} per sequence"),
             ("training step peak", f"adamw {mb(m.device_bytes(batch, 'adamw'))} · adamw8bit "
                                    f"{mb(m.device_bytes(batch, 'adamw8bit'))} (incl. backward workspace)"),
             ("host memory", f"{mb(m.host_bytes)} (outer state: anchor, momentum, feedback, a round in flight)")]
@@ -89,10 +89,11 @@ def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[s
     found = fits(m, batch, budget)
     for f in found:
         how = "the whole batch at once" if f.accumulation == 1 else f"{f.accumulation} micro-batches accumulated"
+        how += ", activation checkpointing" if f.checkpointing else ""
         click.echo(f"  {f.optimizer:10s} micro-batch {f.micro_batch} ({how}): {mb(f.device_bytes)}")
     if not found:
-        click.echo("  nothing fits, even one sequence per micro-batch with 8-bit state: choose a smaller spec "
-                   "(width, layers per module, context) or a device with more memory")
+        click.echo("  nothing fits, even one sequence per micro-batch with checkpointing and 8-bit state: choose a "
+                   "smaller spec (width, layers per module, context) or a device with more memory")
 
 
 @node.command("run")

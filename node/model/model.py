@@ -26,6 +26,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from pathswarm.protocol.spec import ModelSpec, SwarmSpec
 
@@ -86,10 +87,16 @@ class LevelModule(nn.Module):
     def __init__(self, cfg: ModelSpec):
         super().__init__()
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers_per_module))
+        self.checkpointing = False
+        """Activation checkpointing: keep only each block's input for the backward pass and recompute the rest
+        (node/train/memory.py turns it on when a path does not fit otherwise; the same gradients, more compute)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
-            x = block(x)
+            if self.checkpointing and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         return x
 
 
@@ -136,6 +143,11 @@ class PathModel(nn.Module):
         if targets is None:
             return logits
         return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def set_checkpointing(self, on: bool) -> None:
+        """Activation checkpointing for every block of the path (see LevelModule)."""
+        for module in self.levels:
+            module.checkpointing = on
 
     def module(self, mid: str) -> nn.Module:
         if mid == SHARED:

@@ -42,7 +42,7 @@ from pathswarm.node.peer.state_sync import StateSync
 from pathswarm.node.peer.status import PhaseClock, RoundWork, write_ready, write_status
 from pathswarm.node.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from pathswarm.node.train.inner import evaluate_loss, optimizer_kind
-from pathswarm.node.train.memory import device_budget, planned_micro_batch
+from pathswarm.node.train.memory import device_budget, planned_training
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import read_revocations
 from pathswarm.protocol.exchange import ModuleExchange
@@ -179,9 +179,12 @@ class Node:
         when nothing fits ends the start with the figures; an out-of-memory error later halves it and goes on."""
         kind = optimizer_kind(self.worker.opt)
         budget = device_budget(device)
-        self.worker.micro.size = planned_micro_batch(self.spec, path, kind, budget)
-        logger.info("memory plan: %d of %d sequences per micro-batch with %s in %.1f GiB", self.worker.micro.size,
-                    self.spec.inner.batch_size, kind, budget / 2**30)
+        fit = planned_training(self.spec, path, kind, budget)
+        self.worker.micro.size = fit.micro_batch
+        self.worker.model.set_checkpointing(fit.checkpointing)
+        logger.info("memory plan: %d of %d sequences per micro-batch with %s%s in %.1f GiB", fit.micro_batch,
+                    self.spec.inner.batch_size, kind, ", activation checkpointing" if fit.checkpointing else "",
+                    budget / 2**30)
 
     # ---- path, claims and groups -------------------------------------------------------------
     def _pick_path(self) -> tuple[int, ...]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pathswarm.node.model.model import build_path
+from pathswarm.node.model.model import Block, PathModel, build_path
 from pathswarm.protocol.spec import SwarmSpec
 
 MIN_8BIT_SIZE = 4096
@@ -29,9 +29,12 @@ BLOCK = 256
 QMAPS_BYTES = 2 * 256 * 4
 """Its two quantisation maps (256 fp32 values each), shared by every parameter."""
 BACKWARD_WORKSPACE = 0.2
-"""The backward pass's temporaries (gradients of activations, attention's workspace) and the allocator's slack, as a
-share of the saved activations: measured on the CPU at steady state, the peak exceeded weights + gradients + state
-+ activations by 0–27 % over five shapes (tests/unit/test_memory_plan.py keeps two)."""
+"""The backward pass's temporaries (gradients of activations, a checkpointed block's recompute) as a share of the
+saved activations. With it the plan is an upper bound: on the CPU, at steady state and with freed memory returned to
+the kernel at once (glibc's MALLOC_MMAP_THRESHOLD_=65536), the step's peak measured 0.65–0.86 of the plan over six
+shapes, with and without activation checkpointing (tests/unit/test_memory_plan.py keeps two). Without that setting
+glibc keeps freed memory and the peak RSS read up to 1.27× the plan, and up to 1.9× with checkpointing: the memory
+was free, not in use."""
 
 
 @dataclass(frozen=True)
@@ -45,16 +48,19 @@ class PathMemory:
     adamw8bit: int
     activations_per_sequence: int
     """Bytes autograd keeps per sequence of the spec's context (the micro-batch multiplies it)."""
+    checkpointed_per_sequence: int
+    """The same with activation checkpointing: each block's input, plus one block recomputed during backward."""
     host_bytes: int
     """Outer state in host memory: anchor, Nesterov buffer, error feedback and the weights of a round in flight."""
 
-    def activations(self, micro_batch: int) -> int:
-        return self.activations_per_sequence * micro_batch
+    def activations(self, micro_batch: int, checkpointing: bool = False) -> int:
+        return (self.checkpointed_per_sequence if checkpointing else self.activations_per_sequence) * micro_batch
 
-    def device_bytes(self, micro_batch: int, optimizer: str) -> int:
+    def device_bytes(self, micro_batch: int, optimizer: str, checkpointing: bool = False) -> int:
         """Peak bytes of a training step: weights, gradients, optimizer state, activations and backward workspace."""
         state = self.adamw8bit if optimizer == "adamw8bit" else self.adamw
-        return self.weights + self.grads + state + round(self.activations(micro_batch) * (1 + BACKWARD_WORKSPACE))
+        act = self.activations(micro_batch, checkpointing)
+        return self.weights + self.grads + state + round(act * (1 + BACKWARD_WORKSPACE))
 
 
 def optimizer_bytes(shapes: list[int]) -> tuple[int, int]:
@@ -65,11 +71,28 @@ def optimizer_bytes(shapes: list[int]) -> tuple[int, int]:
     return adamw, small + big + (QMAPS_BYTES if big else 0)
 
 
-def activation_bytes(spec: SwarmSpec, path: tuple[int, ...], micro_batch: int = 1) -> int:
-    """Bytes of the tensors autograd saves in one forward pass of `micro_batch` sequences (meta device)."""
+def activation_bytes(spec: SwarmSpec, path: tuple[int, ...], micro_batch: int = 1,
+                     checkpointing: bool = False) -> int:
+    """Bytes of the tensors autograd saves in one forward pass of `micro_batch` sequences (meta device). With
+    checkpointing: the whole path's less its blocks', plus each block's input and one block's (the recompute)."""
     with torch.device("meta"):
         model = build_path(spec, path)
         tokens = torch.zeros(micro_batch, spec.model.context_len, dtype=torch.long)
+    full = _saved_bytes(model, (tokens,))
+    if not checkpointing:
+        return full
+    cfg = spec.model
+    with torch.device("meta"):
+        block = Block(cfg)
+        x = torch.zeros(micro_batch, cfg.context_len, cfg.width, requires_grad=True)
+    one = _saved_bytes(block, (x,))
+    n = cfg.layers_per_module * len(spec.levels)
+    return full - n * one + n * x.numel() * 4 + one
+
+
+def _saved_bytes(model: torch.nn.Module, inputs: tuple) -> int:
+    """Bytes autograd saves for backward in one forward of `model` on meta `inputs` (a path model also counts the
+    loss's softmax over its logits)."""
     seen: dict[int, int] = {}
     keep = []  # hold every saved tensor until counted: ids of freed tensors are reused
     weights = {id(p) for p in model.parameters()}
@@ -82,9 +105,9 @@ def activation_bytes(spec: SwarmSpec, path: tuple[int, ...], micro_batch: int = 
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(tokens)
-    # The loss (cross-entropy over the logits) saves the logits' softmax: count it as training does.
-    seen[-1] = out.numel() * 4
+        out = model(*inputs)
+    if isinstance(model, PathModel):  # the loss (cross-entropy over the logits) saves the logits' softmax
+        seen[-1] = out.numel() * 4
     return sum(seen.values())
 
 
@@ -97,7 +120,8 @@ def plan_path(spec: SwarmSpec, path: tuple[int, ...]) -> PathMemory:
     # anchor + momentum + feedback residual (or unsent part), and local weights at the send while a round is in flight
     host = 4 * params * 4
     return PathMemory(params=params, weights=4 * params, grads=4 * params, adamw=adamw, adamw8bit=adamw8bit,
-                      activations_per_sequence=activation_bytes(spec, path, 1), host_bytes=host)
+                      activations_per_sequence=activation_bytes(spec, path, 1),
+                      checkpointed_per_sequence=activation_bytes(spec, path, 1, checkpointing=True), host_bytes=host)
 
 
 @dataclass(frozen=True)
@@ -108,17 +132,21 @@ class Fit:
     micro_batch: int
     accumulation: int
     device_bytes: int
+    checkpointing: bool = False
 
 
 def fits(memory: PathMemory, batch: int, budget: int, headroom: float = 0.9) -> list[Fit]:
     """For each optimizer, the largest micro-batch (a divisor of the batch) whose training fits in `headroom` of
-    `budget` bytes; an optimizer with none is left out."""
+    `budget` bytes, without activation checkpointing if possible (it costs a recompute), else with it; an
+    optimizer with neither is left out."""
     out = []
+    micros = sorted((d for d in range(1, batch + 1) if batch % d == 0), reverse=True)
     for optimizer in ("adamw", "adamw8bit"):
-        for micro in sorted((d for d in range(1, batch + 1) if batch % d == 0), reverse=True):
-            need = memory.device_bytes(micro, optimizer)
-            if need <= headroom * budget:
-                out.append(Fit(optimizer, micro, batch // micro, need))
+        for checkpointing in (False, True):
+            need, micro = next(((memory.device_bytes(m, optimizer, checkpointing), m) for m in micros
+                                if memory.device_bytes(m, optimizer, checkpointing) <= headroom * budget), (0, 0))
+            if micro:
+                out.append(Fit(optimizer, micro, batch // micro, need, checkpointing))
                 break
     return out
 
@@ -152,13 +180,14 @@ def device_budget(device: str) -> int:
     raise ValueError("cannot read the available memory: give it with --vram")
 
 
-def planned_micro_batch(spec: SwarmSpec, path: tuple[int, ...], optimizer: str, budget: int) -> int:
-    """The micro-batch a node training `path` with `optimizer` uses within `budget` bytes; ValueError, with the
-    figures, when not even one sequence fits."""
+def planned_training(spec: SwarmSpec, path: tuple[int, ...], optimizer: str, budget: int) -> Fit:
+    """How a node training `path` with `optimizer` fits `budget` bytes; ValueError, with the figures, when not even
+    one sequence per micro-batch with activation checkpointing fits."""
     memory = plan_path(spec, path)
     for fit in fits(memory, spec.inner.batch_size, budget):
         if fit.optimizer == optimizer:
-            return fit.micro_batch
-    raise ValueError(f"training this path needs {memory.device_bytes(1, optimizer) / 2**30:.2f} GiB at one sequence "
-                     f"per micro-batch with {optimizer}, the device has {budget / 2**30:.2f} GiB "
+            return fit
+    need = memory.device_bytes(1, optimizer, checkpointing=True)
+    raise ValueError(f"training this path needs {need / 2**30:.2f} GiB with {optimizer} at one sequence per "
+                     f"micro-batch with activation checkpointing, the device has {budget / 2**30:.2f} GiB "
                      "(see `pathswarm node plan`)")
