@@ -109,3 +109,20 @@ def test_micro_batches_accumulate_to_the_full_batch_and_an_oom_halves_them(caplo
         caplog.records[0].message
     with pytest.raises(torch.OutOfMemoryError):  # one sequence that does not fit: the error is the caller's
         train_steps(_OomAbove(model, limit=0), opt, lambda: (x, y), spec.inner, 1, micro=MicroBatching(1))
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    spec = SwarmSpec(model=ModelSpec(width=128, n_heads=2, layers_per_module=2, context_len=32))
+    torch.manual_seed(0)
+    model = build_path(spec, spec.path_of_index(0))
+    x = torch.randint(0, 256, (4, 32))
+    grads = []
+    for on in (False, True):
+        model.zero_grad()
+        model.set_checkpointing(on)
+        _, loss = model(x, torch.roll(x, -1, 1))
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+    plan = plan_path(spec, spec.path_of_index(0))
+    assert plan.checkpointed_per_sequence < 0.5 * plan.activations_per_sequence
