@@ -100,6 +100,12 @@ class NodeStatus:
     """Tokens whose steps were thrown away: only in the sync baseline, when a round failed because a member died
     (a data-parallel job redoes the step from the last good state)."""
     last_group: int = 0
+    optimizer: str = ""
+    """The inner optimizer this node trains with (adamw, adamw8bit)."""
+    micro_batch: int = 0
+    """Sequences per forward/backward (0: the whole batch); a memory plan or an out-of-memory error lowers it."""
+    checkpointing: bool = False
+    """Activation checkpointing, when the memory plan needed it."""
     bytes_sent: int = 0
     bytes_received: int = 0
     val_loss_before: float = float("nan")

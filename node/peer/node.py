@@ -103,6 +103,8 @@ class Node:
                                      name=self.status.peer_id, device=device, optimizer=cfg.optimizer or None)
             if device.startswith("cuda"):
                 self._apply_memory_plan(path, device)
+            self.status.optimizer = optimizer_kind(self.worker.opt)
+            self.status.checkpointing = any(m.checkpointing for m in self.worker.model.levels)
             self._start_exchange()
             if cfg.offline:
                 me = self.status.peer_id
@@ -460,6 +462,8 @@ class Node:
             self.status.tokens_unmerged = self.rounds.unmerged_tokens()
         if self.exchange is not None:
             self.status.tokens_reduced = self.exchange.tokens_reduced.get("shared", 0)
+        if self.worker is not None:
+            self.status.micro_batch = self.worker.micro.size  # an out-of-memory error may have halved it
         status = self.status
         if self.cfg.checkpoint_dir:
             # A round is on record once our checkpoint holds it: a kill between a settle and the checkpoint would
