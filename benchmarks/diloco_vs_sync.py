@@ -16,7 +16,7 @@ the same spec, data and validation windows, with the same inner steps per worker
 The headline arms (sync, 1 worker, DiLoCo H=50 cold and warm) run with every seed of --seeds; the loss reported
 is their mean. Arms run --jobs at a time, one torch thread each (results do not depend on it).
 
-    nice -n 10 .venv/bin/python benchmarks/diloco_vs_sync.py     # ≈ 15 min on 2 cores
+    nice -n 10 .venv/bin/python benchmarks/diloco_vs_sync.py --warmup-sweep ""    # ≈ 35 min on 2 cores
 
 Goals (issue 16): DiLoCo H=50 within 3 % of sync cold, within 1 % with the warm start; every DiLoCo arm ≥ 5 % below
 one worker alone.
@@ -219,7 +219,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1", help="seeds of the headline arms (the sweeps use the first)")
     ap.add_argument("--warm-start-steps", type=int, default=300, help="synchronous steps before DiLoCo (0: no arm)")
     ap.add_argument("--warmup-sweep", default="0,3,6,10", help="outer warmup_rounds values tried at H=50")
-    ap.add_argument("--total-steps", type=int, default=1500, help="inner steps per worker in every arm")
+    ap.add_argument("--total-steps", type=int, default=3000,
+                    help="inner steps per worker in every arm (3,000: H=250 gets 12 outer rounds)")
     ap.add_argument("--eval-every", type=int, default=50, help="sync arm: evaluate every this many steps")
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
