@@ -61,7 +61,9 @@ class SparseCodec:
                                     zstd_level=self.zstd_level, want_decoded=want_decoded)
 
     def decode(self, data, max_elements: int) -> torch.Tensor:
-        return decode_sparse(data, max_elements=max_elements)
+        # A frame must have this codec's chunk size, bits and (for contributions) at most k entries per chunk: one
+        # member's dense frame would otherwise make the round's mean, and every member's download, dense too.
+        return decode_sparse(data, max_elements=max_elements, expect=(self.chunk_size, self.k, self.bits))
 
 
 Codec = Int8Codec | SparseCodec

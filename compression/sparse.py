@@ -136,21 +136,12 @@ def _pack_bits(codes: np.ndarray, bits: int) -> bytes:
     return np.packbits(((codes[:, None] >> shifts) & 1).astype(np.uint8).reshape(-1)).tobytes()
 
 
-def _unpack_bits(data: memoryview, entries: int, bits: int) -> np.ndarray:
-    """The inverse of `_pack_bits`: `entries` codes from exactly ceil(entries * bits / 8) bytes."""
-    raw = np.frombuffer(data, dtype=np.uint8)
-    if bits == 8 or entries == 0:
-        return raw[:entries].copy()
-    if bits in (2, 4):
-        per = 8 // bits
-        mask = np.uint8((1 << bits) - 1)
-        groups = np.empty((raw.size, per), dtype=np.uint8)
-        for j in range(per):
-            groups[:, j] = (raw >> np.uint8(bits * (per - 1 - j))) & mask
-        return groups.reshape(-1)[:entries]
-    flat = np.unpackbits(raw, count=entries * bits).reshape(entries, bits)
-    weights = (1 << np.arange(bits - 1, -1, -1)).astype(np.uint8)
-    return (flat * weights).sum(axis=1, dtype=np.uint16).astype(np.uint8)
+def _codes(packed: np.ndarray, e0: int, e1: int, bits: int) -> np.ndarray:
+    """Codes e0..e1 of `_pack_bits`'s output (`packed`, with one zero byte appended): a code spans at most two bytes."""
+    at = np.arange(e0, e1, dtype=np.int64) * bits
+    byte, offset = at >> 3, at & 7
+    pair = (packed[byte].astype(np.uint16) << 8) | packed[byte + 1]
+    return ((pair >> (16 - offset - bits).astype(np.uint16)) & ((1 << bits) - 1)).astype(np.uint8)
 
 
 def encode_sparse_values(flat: torch.Tensor, shape, dtype: torch.dtype, *, chunk_size: int, k: int | None, bits: int,
@@ -267,9 +258,18 @@ def _decompress(payload: memoryview, size: int) -> bytes:
     return raw
 
 
-def decode_sparse(data, *, max_elements: int, out: torch.Tensor | None = None) -> torch.Tensor:
+SLICE_ENTRIES = 1 << 18
+"""Entries decoded at a time (whole chunks): the decoder's int64 temporaries stay near 20 MB whatever the frame, so a
+small frame declaring a dense tensor cannot make a peer allocate tens of bytes per value."""
+
+
+def decode_sparse(data, *, max_elements: int, out: torch.Tensor | None = None,
+                  expect: tuple[int, int | None, int] | None = None) -> torch.Tensor:
     """The tensor a sparse frame holds (its dtype and shape; unsent entries are 0). Raises CodecError, and only
-    that, for bad input; nothing beyond `max_elements` values is allocated or decompressed."""
+    that, for bad input; nothing beyond `max_elements` values is allocated or decompressed.
+
+    `expect`: (chunk_size, k, bits) the swarm's spec sets: a frame with another chunk size or bit width, or more than
+    k entries in a chunk (k None: no bound), is refused before anything is decompressed."""
     if not isinstance(max_elements, int) or max_elements < 0:
         raise ValueError(f"max_elements must be a non-negative integer, got {max_elements!r}")
     try:
@@ -277,47 +277,78 @@ def decode_sparse(data, *, max_elements: int, out: torch.Tensor | None = None) -
     except (TypeError, ValueError, BufferError):
         raise CodecError(f"a frame must be bytes-like, got {type(data).__name__}") from None
     dtype, shape, numel, bits, chunk, entries, n_chunks, scale_view, payload = _header(view, max_elements)
+    if expect is not None:
+        want_chunk, want_k, want_bits = expect
+        if (chunk, bits) != (want_chunk, want_bits):
+            raise CodecError(f"frame of chunk size {chunk} at {bits} bits, the swarm's codec sends chunks of "
+                             f"{want_chunk} at {want_bits} bits")
+        if want_k is not None and entries > want_k * n_chunks:
+            raise CodecError(f"{entries} entries in {n_chunks} chunks, the swarm's codec sends at most {want_k} each")
     if out is not None and (out.dtype != dtype or tuple(out.shape) != shape or not out.is_contiguous()):
         raise CodecError(f"frame holds {dtype} {shape}, out is {out.dtype} {tuple(out.shape)}")
     result = torch.zeros(numel, dtype=torch.float32)
     if numel:
-        code_bytes = -(-entries * bits // 8)
-        raw = _decompress(payload, 2 * n_chunks + 2 * entries + code_bytes)
-        counts = np.frombuffer(raw, dtype="<u2", count=n_chunks).astype(np.int64)
-        if int(counts.sum()) != entries:
-            raise CodecError(f"chunk counts add up to {int(counts.sum())}, the header declares {entries} entries")
-        lengths = np.full(n_chunks, chunk, dtype=np.int64)
-        lengths[-1] = numel - (n_chunks - 1) * chunk
-        if bool((counts > lengths).any()):
-            c = int(np.argmax(counts > lengths))
-            raise CodecError(f"chunk {c} declares {int(counts[c])} entries, it holds {int(lengths[c])} values")
-        at = 2 * n_chunks
-        dist = (np.frombuffer(raw, np.uint8, entries, at).astype(np.int64)
-                | (np.frombuffer(raw, np.uint8, entries, at + entries).astype(np.int64) << 8))
-        chunk_of = np.repeat(np.arange(n_chunks, dtype=np.int64), counts)
-        starts = np.cumsum(counts) - counts
-        first = np.zeros(entries, dtype=bool)
-        first[starts[counts > 0]] = True
-        if bool((dist[~first] < 1).any()):
-            raise CodecError("positions within a chunk must increase strictly (a repeated or unsorted position)")
-        total = np.cumsum(dist)
-        before = np.concatenate((np.zeros(1, dtype=np.int64), total))  # before[i]: distances ahead of entry i
-        positions = total - np.repeat(before[starts], counts)
-        if entries and bool((positions >= lengths[chunk_of]).any()):
-            i = int(np.argmax(positions >= lengths[chunk_of]))
-            raise CodecError(f"position {int(positions[i])} outside chunk {int(chunk_of[i])}")
-        codes = _unpack_bits(memoryview(raw)[at + 2 * entries:], entries, bits)
-        if entries * bits % 8 and raw[-1] & ((1 << (8 - entries * bits % 8)) - 1):
-            raise CodecError("padding bits after the last value code are not zero")
-        scales = torch.from_numpy(np.frombuffer(scale_view, dtype=np.int16).copy()).view(torch.bfloat16).float()
-        lo, hi = scales[0::2], scales[1::2]
-        limit = _bf16_limit(dtype)
-        if not bool(torch.isfinite(scales).all()) or bool((lo < 0).any() | (hi < lo).any() | (hi > limit).any()):
-            raise CodecError(f"chunk scales must be finite with 0 <= lo <= hi <= {limit:g}")
-        values = _levels(codes, chunk_of, lo, hi, bits)
-        result[torch.from_numpy(chunk_of * chunk + positions)] = values
+        _fill(result, payload, scale_view, dtype, numel, bits, chunk, entries, n_chunks,
+              None if expect is None else expect[1])
     result = result.view(shape)
     if out is not None:
         out.copy_(result)
         return out
     return result if dtype == torch.float32 else result.to(dtype)
+
+
+def _fill(result: torch.Tensor, payload: memoryview, scale_view: memoryview, dtype: torch.dtype, numel: int,
+          bits: int, chunk: int, entries: int, n_chunks: int, k: int | None) -> None:
+    """Check the payload and scatter its values into `result`, SLICE_ENTRIES entries (whole chunks) at a time."""
+    code_bytes = -(-entries * bits // 8)
+    raw = _decompress(payload, 2 * n_chunks + 2 * entries + code_bytes)
+    counts = np.frombuffer(raw, dtype="<u2", count=n_chunks).astype(np.int64)
+    if int(counts.sum()) != entries:
+        raise CodecError(f"chunk counts add up to {int(counts.sum())}, the header declares {entries} entries")
+    lengths = np.full(n_chunks, chunk, dtype=np.int64)
+    lengths[-1] = numel - (n_chunks - 1) * chunk
+    limits = lengths if k is None else np.minimum(lengths, k)
+    if bool((counts > limits).any()):
+        c = int(np.argmax(counts > limits))
+        raise CodecError(f"chunk {c} declares {int(counts[c])} entries, at most {int(limits[c])} may be sent")
+    if entries * bits % 8 and raw[-1] & ((1 << (8 - entries * bits % 8)) - 1):
+        raise CodecError("padding bits after the last value code are not zero")
+    scales = torch.from_numpy(np.frombuffer(scale_view, dtype=np.int16).copy()).view(torch.bfloat16).float()
+    lo, hi = scales[0::2], scales[1::2]
+    limit = _bf16_limit(dtype)
+    if not bool(torch.isfinite(scales).all()) or bool((lo < 0).any() | (hi < lo).any() | (hi > limit).any()):
+        raise CodecError(f"chunk scales must be finite with 0 <= lo <= hi <= {limit:g}")
+    at = 2 * n_chunks
+    low = np.frombuffer(raw, np.uint8, entries, at)
+    high = np.frombuffer(raw, np.uint8, entries, at + entries)
+    packed = np.concatenate((np.frombuffer(raw, np.uint8, code_bytes, at + 2 * entries), np.zeros(1, np.uint8)))
+    ends = np.cumsum(counts)
+    c0 = 0
+    while c0 < n_chunks:
+        # the chunks [c0, c1) hold at most SLICE_ENTRIES entries (or one chunk, up to 65535)
+        e0 = int(ends[c0] - counts[c0])
+        c1 = max(c0 + 1, int(np.searchsorted(ends, e0 + SLICE_ENTRIES, side="right")))
+        e1 = int(ends[c1 - 1])
+        if e1 > e0:
+            _scatter(result, low[e0:e1], high[e0:e1], _codes(packed, e0, e1, bits), counts[c0:c1], lengths[c0:c1],
+                     c0, chunk, lo, hi, bits)
+        c0 = c1
+
+
+def _scatter(result: torch.Tensor, low: np.ndarray, high: np.ndarray, codes: np.ndarray, counts: np.ndarray,
+             lengths: np.ndarray, c0: int, chunk: int, lo: torch.Tensor, hi: torch.Tensor, bits: int) -> None:
+    dist = low.astype(np.int64) | (high.astype(np.int64) << 8)
+    chunk_of = np.repeat(np.arange(c0, c0 + len(counts), dtype=np.int64), counts)
+    starts = np.cumsum(counts) - counts
+    first = np.zeros(len(dist), dtype=bool)
+    first[starts[counts > 0]] = True
+    if bool((dist[~first] < 1).any()):
+        raise CodecError("positions within a chunk must increase strictly (a repeated or unsorted position)")
+    total = np.cumsum(dist)
+    before = np.concatenate((np.zeros(1, dtype=np.int64), total))  # before[i]: distances ahead of entry i
+    positions = total - np.repeat(before[starts], counts)
+    outside = positions >= np.repeat(lengths, counts)
+    if bool(outside.any()):
+        i = int(np.argmax(outside))
+        raise CodecError(f"position {int(positions[i])} outside chunk {int(chunk_of[i])}")
+    result[torch.from_numpy(chunk_of * chunk + positions)] = _levels(codes, chunk_of, lo, hi, bits)

@@ -200,8 +200,8 @@ class CodecSpec:
     """Where a member keeps what its frame did not carry: "buffer" (a residual added to the next outer gradient;
     the local weights restart from the new anchor, as in DiLoCo and SparseLoCo), "weights" (it stays in the local
     weights, which restart from the new anchor minus it, so training goes on from it instead of learning it
-    again), or "auto": buffer for int8, weights for sparse (measured in benchmarks/sparse_vs_int8.py). A member's
-    own choice: it changes only its local weights, never the merged state."""
+    again), or "auto": buffer for int8, weights for sparse (measured in benchmarks/sparse_vs_int8.py). It changes
+    only members' local weights, never the merged state; like every field it is part of the swarm id."""
 
     def validate(self) -> None:
         _check(self.kind in CODEC_KINDS, "codec.kind", f"must be one of {', '.join(CODEC_KINDS)}")

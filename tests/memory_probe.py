@@ -1,7 +1,7 @@
 """Measure one training step's memory on the CPU, for tests/unit/test_memory_plan.py (run as a fresh process).
 
-Usage: python tests/memory_probe.py WIDTH LAYERS CONTEXT BATCH OPTIMIZER [ckpt]. Builds the path and its optimizer
-(with activation checkpointing when told), takes a first step (the optimizer allocates its state), resets the
+Usage: python tests/memory_probe.py WIDTH LAYERS CONTEXT BATCH OPTIMIZER [ckpt] [vocab=N]. Builds the path and its
+optimizer (with activation checkpointing when told), takes a first step (the optimizer allocates its state), resets the
 kernel's peak-RSS mark (/proc/self/clear_refs), takes a second step and prints JSON: the peak's growth over the RSS
 before the first step (weights excluded), and the plan's figures for the same shape."""
 
@@ -27,15 +27,18 @@ def rss(field: str) -> int:
 def main() -> None:
     width, layers, ctx, batch = (int(a) for a in sys.argv[1:5])
     torch.set_num_threads(1)
+    flags = sys.argv[6:]
+    vocab = next((int(f.split("=")[1]) for f in flags if f.startswith("vocab=")), 256)
     spec = SwarmSpec(model=ModelSpec(width=width, n_heads=max(1, width // 64), layers_per_module=layers,
-                                     context_len=ctx), inner=InnerOptSpec(batch_size=batch, optimizer=sys.argv[5]))
+                                     context_len=ctx, vocab_size=vocab),
+                     inner=InnerOptSpec(batch_size=batch, optimizer=sys.argv[5]))
     path = spec.path_of_index(0)
     plan = plan_path(spec, path)
     model = build_path(spec, path)
-    checkpointing = sys.argv[6:] == ["ckpt"]
+    checkpointing = "ckpt" in flags
     model.set_checkpointing(checkpointing)
     opt = make_inner_optimizer(model, spec.inner)
-    x, y = torch.randint(0, 256, (batch, ctx)), torch.randint(0, 256, (batch, ctx))
+    x, y = torch.randint(0, vocab, (batch, ctx)), torch.randint(0, vocab, (batch, ctx))
     gc.collect()
     before = rss("VmRSS:")
     train_steps(model, opt, lambda: (x, y), spec.inner, 1, 100)

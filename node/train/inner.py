@@ -138,7 +138,7 @@ def _accumulated_loss(model: PathModel, x: torch.Tensor, y: torch.Tensor, size: 
     for s in range(0, x.shape[0], size):
         xs, ys = x[s:s + size], y[s:s + size]
         with autocast(x.device):
-            _, loss = model(xs, ys)
+            loss = model(xs, ys)[1]  # not the logits: holding them would keep B·T·V floats through backward
         (loss * (ys.numel() / y.numel())).backward()
         total += loss.item() * ys.numel()
     return total / y.numel()
@@ -161,11 +161,12 @@ def train_steps(model: PathModel, opt: AdamW, batches: Callable[[], tuple[torch.
         set_warmup_lr(opt, first_step + i, cfg.warmup_steps)
         while True:
             opt.zero_grad(set_to_none=True)
+            out_of_memory = False
             size = micro.size if micro is not None and 0 < micro.size < x.shape[0] else x.shape[0]
             try:
                 if size == x.shape[0]:
                     with autocast(device):
-                        _, loss = model(x, y)
+                        loss = model(x, y)[1]  # not the logits: holding them keeps B·T·V floats through backward
                     loss.backward()
                     value = loss.item()
                 else:
@@ -181,8 +182,10 @@ def train_steps(model: PathModel, opt: AdamW, batches: Callable[[], tuple[torch.
                     logger.warning("out of memory on %s at %d sequences per micro-batch: going on with %d "
                                    "(gradients accumulated; further halvings are not logged)", device, size,
                                    micro.size)
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+                out_of_memory = True
+            # Outside the except block: its traceback no longer holds the failed step's tensors, so they can go back.
+            if out_of_memory and device.type == "cuda":
+                torch.cuda.empty_cache()
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()

@@ -28,13 +28,17 @@ BLOCK = 256
 """bitsandbytes' 8-bit optimizer block: one fp32 scale per moment per block."""
 QMAPS_BYTES = 2 * 256 * 4
 """Its two quantisation maps (256 fp32 values each), shared by every parameter."""
+RUNTIME_SLACK = 16 << 20
+"""Framework and allocator memory beyond the tensors counted here (small allocations, autograd's bookkeeping): on the
+CPU a small path's step peaked up to 7.5 MB above the tensors. A GPU's CUDA context (a few hundred MB) is not in the
+plan: the 10 % headroom of `fits` covers it on cards of 8 GB and more."""
 BACKWARD_WORKSPACE = 0.2
 """The backward pass's temporaries (gradients of activations, a checkpointed block's recompute) as a share of the
 saved activations. With it the plan is an upper bound: on the CPU, at steady state and with freed memory returned to
-the kernel at once (glibc's MALLOC_MMAP_THRESHOLD_=65536), the step's peak measured 0.65–0.86 of the plan over six
-shapes, with and without activation checkpointing (tests/unit/test_memory_plan.py keeps two). Without that setting
-glibc keeps freed memory and the peak RSS read up to 1.27× the plan, and up to 1.9× with checkpointing: the memory
-was free, not in use."""
+the kernel at once (glibc's MALLOC_MMAP_THRESHOLD_=65536), a step's peak measured 0.58–0.88 of the plan over nine
+shapes (vocabularies of 256 and 8,192, with and without activation checkpointing; tests/unit/test_memory_plan.py
+keeps two). Without that setting glibc keeps freed memory, and the peak RSS read up to 1.27× the plan (1.9× with
+checkpointing): memory that was free, not in use."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,9 @@ class PathMemory:
     """The same with activation checkpointing: each block's input, plus one block recomputed during backward."""
     host_bytes: int
     """Outer state in host memory: anchor, Nesterov buffer, error feedback and the weights of a round in flight."""
+    step_workspace: int = 0
+    """The optimizer step's temporaries: two fp32 copies of the largest parameter tensor."""
+    runtime_slack: int = RUNTIME_SLACK
 
     def activations(self, micro_batch: int, checkpointing: bool = False) -> int:
         return (self.checkpointed_per_sequence if checkpointing else self.activations_per_sequence) * micro_batch
@@ -60,7 +67,8 @@ class PathMemory:
         """Peak bytes of a training step: weights, gradients, optimizer state, activations and backward workspace."""
         state = self.adamw8bit if optimizer == "adamw8bit" else self.adamw
         act = self.activations(micro_batch, checkpointing)
-        return self.weights + self.grads + state + round(act * (1 + BACKWARD_WORKSPACE))
+        return (self.weights + self.grads + state + round(act * (1 + BACKWARD_WORKSPACE)) + self.step_workspace
+                + self.runtime_slack)
 
 
 def optimizer_bytes(shapes: list[int]) -> tuple[int, int]:
@@ -106,8 +114,8 @@ def _saved_bytes(model: torch.nn.Module, inputs: tuple) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = model(*inputs)
-    if isinstance(model, PathModel):  # the loss (cross-entropy over the logits) saves the logits' softmax
-        seen[-1] = out.numel() * 4
+    if isinstance(model, PathModel):  # the loss saves the logits' softmax, and backward makes their gradient
+        seen[-1] = seen[-2] = out.numel() * 4
     return sum(seen.values())
 
 
@@ -121,7 +129,8 @@ def plan_path(spec: SwarmSpec, path: tuple[int, ...]) -> PathMemory:
     host = 4 * params * 4
     return PathMemory(params=params, weights=4 * params, grads=4 * params, adamw=adamw, adamw8bit=adamw8bit,
                       activations_per_sequence=activation_bytes(spec, path, 1),
-                      checkpointed_per_sequence=activation_bytes(spec, path, 1, checkpointing=True), host_bytes=host)
+                      checkpointed_per_sequence=activation_bytes(spec, path, 1, checkpointing=True), host_bytes=host,
+                      step_workspace=2 * 4 * max(shapes))
 
 
 @dataclass(frozen=True)

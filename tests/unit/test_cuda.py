@@ -1,6 +1,7 @@
 """CUDA paths (skipped without a GPU; benchmarks/gpu_check.sh runs them on one): inner steps in bf16 autocast keep
-fp32 weights and optimizer state, the outer state a GPU worker exchanges is the CPU fp32 one (so digests do not
-depend on the device), AdamW8bit's state is under 0.3x AdamW's, and the memory plan bounds the real peak."""
+fp32 weights and optimizer state and the outer state a GPU worker exchanges is the CPU fp32 one, AdamW8bit's state is
+under 0.3x AdamW's, and the memory plan bounds the real peak. (That a CUDA node and a CPU node keep identical
+replicas is benchmarks/gpu.py's swarm check.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import torch
 from pathswarm.node.model.data import TokenSampler
 from pathswarm.node.train.inner import optimizer_state_bytes
 from pathswarm.node.train.memory import plan_path
-from pathswarm.node.train.outer import OuterState
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.spec import SwarmSpec
 
@@ -35,18 +35,6 @@ def test_bf16_inner_steps_keep_fp32_weights_and_learn(synthetic_docs):
     assert flat.device.type == "cpu" and flat.dtype == torch.float32
 
 
-def test_the_outer_step_gives_the_same_digest_from_a_gpu_or_a_cpu_worker(synthetic_docs):
-    spec = SwarmSpec()
-    gpu, cpu = _worker(spec, synthetic_docs, "cuda"), _worker(spec, synthetic_docs, "cpu")
-    gpu.train_inner(5)
-    for mid in gpu.module_ids:
-        cpu.set_flat(mid, gpu.flat(mid))  # the same local weights on both devices
-        a, b = OuterState.fresh(gpu.outer[mid].anchor), OuterState.fresh(cpu.outer[mid].anchor)
-        a.apply(a.anchor - gpu.flat(mid), spec.outer)
-        b.apply(b.anchor - cpu.flat(mid), spec.outer)
-        assert a.digest() == b.digest()
-
-
 def test_8bit_state_and_the_plan_on_the_gpu(synthetic_docs):
     spec = SwarmSpec()
     sizes = {}
@@ -59,4 +47,4 @@ def test_8bit_state_and_the_plan_on_the_gpu(synthetic_docs):
         torch.cuda.empty_cache()
     assert sizes["adamw8bit"][0] <= 0.3 * sizes["adamw"][0]
     plan = plan_path(spec, spec.path_of_index(0))
-    assert sizes["adamw"][1] <= 1.25 * plan.device_bytes(spec.inner.batch_size, "adamw")
+    assert sizes["adamw"][1] <= plan.device_bytes(spec.inner.batch_size, "adamw")  # the plan is an upper bound

@@ -1,6 +1,6 @@
 """The memory plan (node/train/memory.py, `pathswarm node plan`): its optimizer figures are what the optimizers
 hold, and its training-step peak bounds what the CPU reaches, with and without activation checkpointing, and is at
-most 1/0.55 of it; micro-batches accumulate to the full batch's update and an out-of-memory error halves them."""
+most 1/0.5 of it; micro-batches accumulate to the full batch's update and an out-of-memory error halves them."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from pathswarm.node.train.memory import PathMemory, fits, parse_bytes, plan_path
 from pathswarm.protocol.spec import InnerOptSpec, ModelSpec, SwarmSpec
 
 PROBE = Path(__file__).parent.parent / "memory_probe.py"
-LOW = 0.55
-"""The plan is an upper bound: measured peaks were 0.65-0.86 of it over six shapes (node/train/memory.py)."""
+LOW = 0.5
+"""The plan is an upper bound: measured peaks were 0.58-0.88 of it over nine shapes (node/train/memory.py)."""
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "adamw8bit"])
@@ -37,7 +37,7 @@ def test_the_planned_optimizer_state_is_what_the_optimizer_holds(optimizer):
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's peak-RSS reset")
-@pytest.mark.parametrize("shape", [(256, 2, 128, 32, "adamw"), (256, 2, 128, 32, "adamw", "ckpt")])
+@pytest.mark.parametrize("shape", [(256, 2, 128, 16, "adamw", "vocab=8192"), (256, 2, 64, 8, "adamw", "ckpt")])
 def test_the_plan_bounds_the_step_peak_the_cpu_reaches(shape):
     # glibc returns every allocation of 64 KiB or more to the kernel when freed: the peak RSS is then live memory
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -49,7 +49,7 @@ def test_the_plan_bounds_the_step_peak_the_cpu_reaches(shape):
 
 def test_the_largest_micro_batch_that_fits_is_chosen():
     m = PathMemory(params=100, weights=400, grads=400, adamw=800, adamw8bit=250, activations_per_sequence=1000,
-                   checkpointed_per_sequence=100, host_bytes=1600)
+                   checkpointed_per_sequence=100, host_bytes=1600, runtime_slack=0)
     by = {f.optimizer: f for f in fits(m, 8, budget=8000)}  # 90 %: 7,200 bytes usable
     assert (by["adamw"].micro_batch, by["adamw"].accumulation) == (4, 2)  # 1,600 + 4,800; 8 would need 11,200
     assert by["adamw8bit"].micro_batch == 4 and by["adamw8bit"].device_bytes == 400 + 400 + 250 + 4800

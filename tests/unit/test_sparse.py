@@ -108,7 +108,28 @@ def test_malformed_frames_raise_codec_error_naming_the_fault(parts, match):
         decode_sparse(craft(*parts), max_elements=8)
 
 
-def test_sizes_are_bounded_before_anything_is_allocated():
+def test_a_dense_frame_is_refused_by_a_sparse_swarm_and_decodes_in_bounded_memory():
+    import tracemalloc
+
+    n = 2_000_000
+    dense = encode_with(SparseCodec(65535, None, 7), torch.ones(n))  # every value sent: a few KB of frame
+    assert len(dense) < 20_000
+    swarm = SparseCodec(4096, 41, 2)
+    with pytest.raises(CodecError, match="chunk size 65535 at 7 bits"):
+        swarm.decode(dense, n)
+    forged = encode_with(SparseCodec(4096, 400, 2), torch.randn(n))  # the swarm's chunk and bits, 10x its k
+    with pytest.raises(CodecError, match="at most 41 each"):
+        swarm.decode(forged, n)
+    # Decoded anyway (a mean may be dense): the decoder's own temporaries stay far below tens of bytes per value.
+    tracemalloc.start()
+    y = decode_sparse(dense, max_elements=n)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    # numpy's share: the decompressed payload (~3 bytes per entry) and one slice's work; unsliced it was ~60 per entry
+    assert bool((y == 1).all()) and peak < 4 * n + (24 << 20), peak
+
+
+def test_huge_declared_sizes_are_refused_before_decompressing():
     huge = craft((1 << 40,), 4096, 2, [], [], b"", [])
     with pytest.raises(CodecError, match="max_elements"):
         decode_sparse(huge, max_elements=1 << 20)
