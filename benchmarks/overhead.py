@@ -395,7 +395,9 @@ def main() -> None:
     ap.add_argument("--inner-steps", type=int, default=100, help="H of the small arm")
     ap.add_argument("--rounds", type=int, default=4, help="rounds of the small arm")
     ap.add_argument("--inner-steps-25m", type=int, default=50, help="H of the 25m arm")
-    ap.add_argument("--rounds-25m", type=int, default=3, help="rounds of the 25m arm")
+    ap.add_argument("--rounds-25m", type=int, default=6,
+                    help="rounds of the 25m arm (6: the end-of-run wait for the slower peer, which a node that keeps "
+                         "training never pays, weighs half what it did at 3)")
     ap.add_argument("--repeats", type=int, default=None,
                     help="run each size's pair of arms this often, alternating their order (default: "
                          + ", ".join(f"{s} {n}" for s, n in REPEATS.items()) + ")")
