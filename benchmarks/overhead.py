@@ -25,7 +25,7 @@ the machine's speed drifts by a few percent between arms: each size runs several
 alternating their order; `ratios` lists each pair's), and `ratio_same_step_speed` divides the drift out (see
 run_size).
 
-    python benchmarks/overhead.py                       # both sizes → benchmarks/results/overhead.json (~35 min)
+    python benchmarks/overhead.py                       # both sizes → benchmarks/results/overhead.json (~50 min)
     python benchmarks/overhead.py --sizes small         # the small arm only (~5 min)
     python benchmarks/overhead.py --sizes 25m --repeats 1 --json /tmp/overhead-25m.json   # one pair (~13 min)
 Goal (DESIGN.md): ≥ 0.97 at every size.
