@@ -27,7 +27,7 @@ run_size).
 
     python benchmarks/overhead.py                       # both sizes → benchmarks/results/overhead.json (~50 min)
     python benchmarks/overhead.py --sizes small         # the small arm only (~5 min)
-    python benchmarks/overhead.py --sizes 25m --repeats 1 --json /tmp/overhead-25m.json   # one pair (~13 min)
+    python benchmarks/overhead.py --sizes 25m --repeats 1 --json /tmp/overhead-25m.json   # one pair (~20 min)
 Goal (DESIGN.md): ≥ 0.97 at every size.
 """
 

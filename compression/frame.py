@@ -151,6 +151,25 @@ class ParsedFrame:
     """The zstd frame, a view into the frame (no copy)."""
 
 
+def read_shape(view: memoryview, at: int, dtype_code: int, ndim: int, max_elements: int) -> tuple[int, ...]:
+    """The dtype code and the shape stored at `at` (u64 per dimension), checked, in any codec's frame: the shape is
+    bounded by max_elements before anything is sized from it. The product of the non-zero dimensions also keeps an
+    empty tensor from declaring absurd extents (strides that overflow int64)."""
+    if dtype_code not in CODE_DTYPES:
+        raise CodecError(f"unknown dtype code {dtype_code} (known: {sorted(CODE_DTYPES)})")
+    if ndim > MAX_NDIM:
+        raise CodecError(f"ndim {ndim} exceeds the maximum of {MAX_NDIM}")
+    if len(view) < at + 8 * ndim + CRC_BYTES:
+        raise CodecError(f"frame truncated: {len(view)} bytes, too short for a {ndim}-dimensional shape")
+    shape = struct.unpack_from(f"<{ndim}Q", view, at)
+    numel = math.prod(shape)
+    if numel > max_elements:
+        raise CodecError(f"shape {shape} declares {numel} elements, more than max_elements = {max_elements}")
+    if math.prod(d for d in shape if d) > max(max_elements, 1):
+        raise CodecError(f"empty shape {shape} has dimensions beyond max_elements = {max_elements}")
+    return shape
+
+
 def parse_frame(data, max_elements: int) -> ParsedFrame:
     """Check a frame's structure and checksum; return views of its parts. Raises only CodecError."""
     try:
@@ -166,24 +185,11 @@ def parse_frame(data, max_elements: int) -> ParsedFrame:
         raise CodecError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}: not a pathswarm codec frame")
     if version != VERSION:
         raise CodecError(f"unsupported format version {version} (this build reads version {VERSION})")
-    if dtype_code not in CODE_DTYPES:
-        raise CodecError(f"unknown dtype code {dtype_code} (known: {sorted(CODE_DTYPES)})")
-    if ndim > MAX_NDIM:
-        raise CodecError(f"ndim {ndim} exceeds the maximum of {MAX_NDIM}")
     if flags != 0:
         raise CodecError(f"reserved flags byte is {flags}, expected 0")
     if not 1 <= block_size <= MAX_BLOCK_SIZE:
         raise CodecError(f"block size {block_size} outside 1..{MAX_BLOCK_SIZE}")
-    if size < FIXED_HEADER_BYTES + 8 * ndim + CRC_BYTES:
-        raise CodecError(f"frame truncated: {size} bytes, too short for a {ndim}-dimensional shape")
-    shape = struct.unpack_from(f"<{ndim}Q", view, FIXED_HEADER_BYTES)
-    # Bound the shape before anything is sized from it. The product of the non-zero dimensions also
-    # keeps an empty tensor from declaring absurd extents (strides that overflow int64).
-    numel = math.prod(shape)
-    if numel > max_elements:
-        raise CodecError(f"shape {shape} declares {numel} elements, more than max_elements = {max_elements}")
-    if math.prod(d for d in shape if d) > max(max_elements, 1):
-        raise CodecError(f"empty shape {shape} has dimensions beyond max_elements = {max_elements}")
+    shape = read_shape(view, FIXED_HEADER_BYTES, dtype_code, ndim, max_elements)
     header = FrameHeader(dtype=CODE_DTYPES[dtype_code], shape=shape, block_size=block_size,
                          payload_bytes=payload_bytes)
     if size < header.frame_bytes:

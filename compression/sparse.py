@@ -51,7 +51,15 @@ import numpy as np
 import torch
 import zstandard
 
-from pathswarm.compression.frame import CODE_DTYPES, CRC_BYTES, DTYPE_CODES, MAX_NDIM, ZSTD_MAGIC, CodecError, checksum
+from pathswarm.compression.frame import (
+    CODE_DTYPES,
+    CRC_BYTES,
+    DTYPE_CODES,
+    ZSTD_MAGIC,
+    CodecError,
+    checksum,
+    read_shape,
+)
 
 MAGIC = b"PSWS"
 VERSION = 1
@@ -205,22 +213,12 @@ def _header(view: memoryview, max_elements: int):
         raise CodecError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}: not a sparse codec frame")
     if version != VERSION:
         raise CodecError(f"unsupported sparse format version {version} (this build reads version {VERSION})")
-    if dtype_code not in CODE_DTYPES:
-        raise CodecError(f"unknown dtype code {dtype_code} (known: {sorted(CODE_DTYPES)})")
-    if ndim > MAX_NDIM:
-        raise CodecError(f"ndim {ndim} exceeds the maximum of {MAX_NDIM}")
     if not MIN_BITS <= bits <= MAX_BITS:
         raise CodecError(f"bits per value {bits} outside {MIN_BITS}..{MAX_BITS}")
     if not 1 <= chunk <= MAX_CHUNK:
         raise CodecError(f"chunk size {chunk} outside 1..{MAX_CHUNK}")
-    if size < FIXED_HEADER_BYTES + 8 * ndim + CRC_BYTES:
-        raise CodecError(f"frame truncated: {size} bytes, too short for a {ndim}-dimensional shape")
-    shape = struct.unpack_from(f"<{ndim}Q", view, FIXED_HEADER_BYTES)
+    shape = read_shape(view, FIXED_HEADER_BYTES, dtype_code, ndim, max_elements)
     numel = math.prod(shape)
-    if numel > max_elements:
-        raise CodecError(f"shape {shape} declares {numel} elements, more than max_elements = {max_elements}")
-    if math.prod(d for d in shape if d) > max(max_elements, 1):
-        raise CodecError(f"empty shape {shape} has dimensions beyond max_elements = {max_elements}")
     if entries > numel:
         raise CodecError(f"{entries} entries declared for a tensor of {numel} values")
     n_chunks = -(-numel // chunk)
