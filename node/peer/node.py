@@ -42,7 +42,7 @@ from pathswarm.node.peer.state_sync import StateSync
 from pathswarm.node.peer.status import PhaseClock, RoundWork, write_ready, write_status
 from pathswarm.node.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from pathswarm.node.train.inner import evaluate_loss, optimizer_kind
-from pathswarm.node.train.memory import device_budget, planned_training
+from pathswarm.node.train.memory import fit_to_device
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import read_revocations
 from pathswarm.protocol.exchange import ModuleExchange
@@ -101,8 +101,8 @@ class Node:
             clock.lap("routing")
             self.worker = PathWorker(spec, path, lambda: sampler.sample(spec.inner.batch_size),
                                      name=self.status.peer_id, device=device, optimizer=cfg.optimizer or None)
-            if device.startswith("cuda"):
-                self._apply_memory_plan(path, device)
+            if device.startswith("cuda"):  # train at what the memory plan fits in the card (an OOM later halves it)
+                fit_to_device(self.worker, device)
             self.status.optimizer = optimizer_kind(self.worker.opt)
             self.status.checkpointing = any(m.checkpointing for m in self.worker.model.levels)
             self._start_exchange()
@@ -175,18 +175,6 @@ class Node:
         if self.cfg.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device is available")
         return self.cfg.device
-
-    def _apply_memory_plan(self, path: tuple[int, ...], device: str) -> None:
-        """On a GPU, train at the micro-batch the memory plan fits in the card (node/train/memory.py): a ValueError
-        when nothing fits ends the start with the figures; an out-of-memory error later halves it and goes on."""
-        kind = optimizer_kind(self.worker.opt)
-        budget = device_budget(device)
-        fit = planned_training(self.spec, path, kind, budget)
-        self.worker.micro.size = fit.micro_batch
-        self.worker.model.set_checkpointing(fit.checkpointing)
-        logger.info("memory plan: %d of %d sequences per micro-batch with %s%s in %.1f GiB", fit.micro_batch,
-                    self.spec.inner.batch_size, kind, ", activation checkpointing" if fit.checkpointing else "",
-                    budget / 2**30)
 
     # ---- path, claims and groups -------------------------------------------------------------
     def _pick_path(self) -> tuple[int, ...]:

@@ -15,12 +15,16 @@ tests/unit/test_memory_plan.py checks the figures against what the CPU allocator
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from pathswarm.node.model.model import Block, PathModel, build_path
+from pathswarm.node.train.inner import optimizer_kind
 from pathswarm.protocol.spec import SwarmSpec
+
+logger = logging.getLogger(__name__)
 
 MIN_8BIT_SIZE = 4096
 """bitsandbytes keeps 32-bit moments for tensors with fewer values than this (its optimizers' default)."""
@@ -200,3 +204,17 @@ def planned_training(spec: SwarmSpec, path: tuple[int, ...], optimizer: str, bud
     raise ValueError(f"training this path needs {need / 2**30:.2f} GiB with {optimizer} at one sequence per "
                      f"micro-batch with activation checkpointing, the device has {budget / 2**30:.2f} GiB "
                      "(see `pathswarm node plan`)")
+
+
+def fit_to_device(worker, device: str) -> Fit:
+    """Set a PathWorker to train at what the plan fits on `device`: its micro-batch and activation checkpointing.
+    ValueError, with the figures, when nothing fits (the node's start ends there)."""
+    kind = optimizer_kind(worker.opt)
+    budget = device_budget(device)
+    fit = planned_training(worker.spec, worker.path, kind, budget)
+    worker.micro.size = fit.micro_batch
+    worker.model.set_checkpointing(fit.checkpointing)
+    logger.info("memory plan: %d of %d sequences per micro-batch with %s%s in %.1f GiB", fit.micro_batch,
+                worker.spec.inner.batch_size, kind, ", activation checkpointing" if fit.checkpointing else "",
+                budget / 2**30)
+    return fit

@@ -126,3 +126,23 @@ def test_activation_checkpointing_gives_the_same_gradients():
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
     plan = plan_path(spec, spec.path_of_index(0))
     assert plan.checkpointed_per_sequence < 0.5 * plan.activations_per_sequence
+
+
+def test_a_worker_is_fitted_to_its_device_or_refused_with_the_figures(monkeypatch, synthetic_docs):
+    from pathswarm.node.model.data import TokenSampler
+    from pathswarm.node.train import memory
+    from pathswarm.node.train.worker import PathWorker
+
+    spec = SwarmSpec()
+    sampler = TokenSampler(synthetic_docs, spec.model.context_len, seed=0)
+    worker = PathWorker(spec, spec.path_of_index(0), lambda: sampler.sample(spec.inner.batch_size))
+    monkeypatch.setattr(memory, "device_budget", lambda device: 8 << 30)
+    fit = memory.fit_to_device(worker, "cuda")
+    assert (fit.micro_batch, fit.checkpointing, worker.micro.size) == (8, False, 8)
+    monkeypatch.setattr(memory, "device_budget", lambda device: 40 << 20)  # 36 MiB usable: checkpointing, 1 sequence
+    fit = memory.fit_to_device(worker, "cuda")
+    assert fit.checkpointing and worker.micro.size == fit.micro_batch < 8
+    assert all(m.checkpointing for m in worker.model.levels)
+    monkeypatch.setattr(memory, "device_budget", lambda device: 20 << 20)
+    with pytest.raises(ValueError, match="GiB with adamw at one sequence per micro-batch"):
+        memory.fit_to_device(worker, "cuda")
