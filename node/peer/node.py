@@ -41,7 +41,7 @@ from pathswarm.node.peer.splits import Heal, SplitWatch, lost_since, split_verdi
 from pathswarm.node.peer.state_sync import StateSync
 from pathswarm.node.peer.status import PhaseClock, RoundWork, write_ready, write_status
 from pathswarm.node.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from pathswarm.node.train.inner import evaluate_loss, optimizer_kind
+from pathswarm.node.train.inner import evaluate_loss
 from pathswarm.node.train.memory import fit_to_device
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import read_revocations
@@ -103,8 +103,6 @@ class Node:
                                      name=self.status.peer_id, device=device, optimizer=cfg.optimizer or None)
             if device.startswith("cuda"):  # train at what the memory plan fits in the card (an OOM later halves it)
                 fit_to_device(self.worker, device)
-            self.status.optimizer = optimizer_kind(self.worker.opt)
-            self.status.checkpointing = any(m.checkpointing for m in self.worker.model.levels)
             self._start_exchange()
             if cfg.offline:
                 me = self.status.peer_id
@@ -451,7 +449,8 @@ class Node:
         if self.exchange is not None:
             self.status.tokens_reduced = self.exchange.tokens_reduced.get("shared", 0)
         if self.worker is not None:
-            self.status.micro_batch = self.worker.micro.size  # an out-of-memory error may have halved it
+            # how it trains: a memory plan (or an out-of-memory error, halving the micro-batch) may have changed it
+            self.status.optimizer, self.status.micro_batch, self.status.checkpointing = self.worker.settings()
         status = self.status
         if self.cfg.checkpoint_dir:
             # A round is on record once our checkpoint holds it: a kill between a settle and the checkpoint would

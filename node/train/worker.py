@@ -15,7 +15,7 @@ from torch.nn.utils import parameters_to_vector
 from pathswarm.compression import ErrorFeedback
 from pathswarm.node.model.model import PathModel, build_path, unflatten_like
 from pathswarm.node.train.checkpoint import ModuleState
-from pathswarm.node.train.inner import InnerStats, MicroBatching, make_inner_optimizer, train_steps
+from pathswarm.node.train.inner import InnerStats, MicroBatching, make_inner_optimizer, optimizer_kind, train_steps
 from pathswarm.node.train.outer import OuterState, pseudo_gradient
 from pathswarm.protocol.spec import SwarmSpec
 
@@ -67,6 +67,10 @@ class PathWorker:
 
     def pseudo_grad(self, mid: str) -> torch.Tensor:
         return pseudo_gradient(self.outer[mid].anchor, self.flat(mid))
+
+    def settings(self) -> tuple[str, int, bool]:
+        """How it trains: (inner optimizer, sequences per micro-batch or 0 for all, activation checkpointing)."""
+        return optimizer_kind(self.opt), self.micro.size, any(m.checkpointing for m in self.model.levels)
 
     def end_round(self) -> None:
         self.round_tokens = 0

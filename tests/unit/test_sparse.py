@@ -207,3 +207,15 @@ def test_what_a_sparse_frame_did_not_carry_stays_in_the_local_weights_or_in_the_
             assert sent.unsent is None and torch.allclose(feedback.residual, (start.anchor - local) - carried,
                                                           atol=1e-6)
             assert torch.equal(done.local, state.anchor)
+    # Weights mode, a late round (the mean of others applied, ours not in it): the whole Δ stays in the weights, no
+    # buffer to restore; a failed round changes nothing.
+    state = OuterState(start.anchor.clone(), start.momentum.clone(), 3)
+    sent = make_contribution(state, local, ErrorFeedback(), SPEC.codec, 100)
+    other = close_round([("b", 100, encode_with(SparseCodec(64, 4, 2), 0.01 * heavy(numel, 52)))], numel, SPEC,
+                        before=state)
+    done = settle(state, sent, local, "late", 3, other.mean_frame, other.digest_after, SPEC.outer, codec=SPEC.codec)
+    assert done.applied and done.carried_tokens == 100 and done.restore_feedback and sent.feedback_before == {}
+    assert torch.allclose(done.local, state.anchor - (start.anchor - local), atol=1e-6)
+    before = state.digest()
+    done = settle(state, sent, local, "failed", 4, b"", "", SPEC.outer, codec=SPEC.codec)
+    assert not done.applied and done.local is None and state.digest() == before
