@@ -39,10 +39,12 @@ plan: the 10 % headroom of `fits` covers it on cards of 8 GB and more."""
 BACKWARD_WORKSPACE = 0.2
 """The backward pass's temporaries (gradients of activations, a checkpointed block's recompute) as a share of the
 saved activations. With it the plan is an upper bound: on the CPU, at steady state and with freed memory returned to
-the kernel at once (glibc's MALLOC_MMAP_THRESHOLD_=65536), a step's peak measured 0.58–0.88 of the plan over nine
-shapes (vocabularies of 256 and 8,192, with and without activation checkpointing; tests/unit/test_memory_plan.py
-keeps two). Without that setting glibc keeps freed memory, and the peak RSS read up to 1.27× the plan (1.9× with
-checkpointing): memory that was free, not in use."""
+the kernel at once (glibc's MALLOC_MMAP_THRESHOLD_=65536), a step's peak of anonymous memory measured 0.60–0.83 of
+the plan over seven shapes of 50–490 MB (vocabularies of 256 and 8,192, with and without activation checkpointing,
+AdamW and AdamW8bit; tests/unit/test_memory_plan.py keeps two), 0.44–0.49 for two shapes under 50 MB, where the
+runtime slack is most of the plan. Library code the first step pages in (11–15 MB here, more with other CPUs'
+kernels) is file-backed memory and not counted. Without that setting glibc keeps freed memory, and the peak RSS read
+up to 1.27× the plan (1.9× with checkpointing): memory that was free, not in use."""
 
 
 @dataclass(frozen=True)

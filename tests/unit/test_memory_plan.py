@@ -20,7 +20,7 @@ from pathswarm.protocol.spec import InnerOptSpec, ModelSpec, SwarmSpec
 
 PROBE = Path(__file__).parent.parent / "memory_probe.py"
 LOW = 0.5
-"""The plan is an upper bound: measured peaks were 0.58-0.88 of it over nine shapes (node/train/memory.py)."""
+"""The plan is an upper bound: measured peaks were 0.60-0.83 of it over seven shapes (node/train/memory.py)."""
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "adamw8bit"])
