@@ -34,6 +34,8 @@ MAX_MODULE_INDEX = 1 << 20
 """Largest module index within a level accepted in a record."""
 MAX_HISTORY = 64
 """Most (round, loss) pairs a node's metrics carry (64 pairs stay far below MAX_RECORD_BYTES)."""
+MAX_GROUPS = 24
+"""Most (module, round, group size) triples a node's metrics carry (its last rounds, newest kept)."""
 MAX_COUNT = 1 << 62
 """Upper bound of counters (rounds, bytes, numel): keeps every integer inside int64."""
 FIXED_TTL_S = 300.0
@@ -49,6 +51,7 @@ _MODULE_ID_PATTERN = r"^(shared|L[0-9]{1,2}M[0-9]{1,7})$"
 PeerIdStr = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[0-9A-Za-z]+$")]
 """A libp2p peer id in base58 (46 characters for RSA / Ed25519 keys); bounded, alphanumeric."""
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+ModuleIdStr = Annotated[str, Field(pattern=_MODULE_ID_PATTERN, max_length=16)]
 Rate = Annotated[float, Field(ge=0.0, le=1e15)]
 Timestamp = Annotated[float, Field(ge=0.0, le=1e11)]
 """Seconds since the epoch (hivemind's DHT time); 1e11 is the year 5138."""
@@ -132,7 +135,18 @@ class NodeMetrics(_PathRecord):
         default=(), max_length=MAX_HISTORY)
     """(outer round, training loss) of the node's last rounds, oldest first: `swarm status --plot` draws them."""
 
-    @field_validator("history", mode="before")
+    inner_steps: Count = 0
+    """Inner steps the node has taken since it started (what fp32 data-parallel would have all-reduced after)."""
+    tokens_trained: Count = 0
+    """Tokens the node has trained on since it started."""
+    groups: tuple[tuple[ModuleIdStr, Count, Count], ...] = Field(default=(), max_length=MAX_GROUPS)
+    """(module, outer round, members merged in it) of the node's last merged rounds: group sizes over rounds."""
+    rounds_missed: tuple[tuple[ModuleIdStr, Count, Count], ...] = Field(default=(), max_length=MAX_LEVELS + 1)
+    """(module, rounds the node got late, rounds that failed for it) since it started, for modules with any."""
+    reachable: bool | None = None
+    """Whether peers can dial the node (None: not measured)."""
+
+    @field_validator("history", "groups", "rounds_missed", mode="before")
     @classmethod
     def _lists_to_tuples(cls, v: Any) -> Any:
         if isinstance(v, list):
@@ -281,9 +295,11 @@ def check_against_spec(record: _Record, spec: SwarmSpec) -> None:
             spec.check_path(path)
         except ValueError as e:
             raise RecordError(str(e)) from None
-    module = getattr(record, "module_id", None)
-    if module is not None and module not in spec.all_module_ids():
-        raise RecordError(f"module {module!r} is not in the swarm (levels {list(spec.levels)})")
+    modules = [getattr(record, "module_id", None)]
+    modules += [entry[0] for name in ("groups", "rounds_missed") for entry in getattr(record, name, ())]
+    for module in modules:
+        if module is not None and module not in spec.all_module_ids():
+            raise RecordError(f"module {module!r} is not in the swarm (levels {list(spec.levels)})")
 
 
 def _first_error(e: ValidationError) -> str:

@@ -63,8 +63,33 @@ def replica_agreement(announcements: list[ModuleAnnouncement]) -> dict:
     }
 
 
+def ddp_fp32_bytes(path_params: int, inner_steps: int, n_nodes: int) -> int:
+    """What one node of fp32 data-parallel training sends for `inner_steps` steps of a `path_params` model among
+    `n_nodes`: a ring all-reduce of the gradient every step moves 2(n-1)/n of it out of each node."""
+    n = max(1, n_nodes)
+    return int(4 * path_params * inner_steps * 2 * (n - 1) / n)
+
+
+def _module_numel(announcements: list[ModuleAnnouncement]) -> int:
+    """A module's size as its holders announce it: the median, so one peer's false figure moves nothing."""
+    sizes = sorted(a.numel for a in announcements)
+    return sizes[len(sizes) // 2] if sizes else 0
+
+
+def _group_sizes(mid: str, metrics: list[NodeMetrics]) -> list[list[int]]:
+    """[[round, members merged], …] of one module from its nodes' reports, oldest first (the largest report of a
+    round: a member that got the result late saw the same group)."""
+    by_round: dict[int, int] = {}
+    for m in metrics:
+        for module, r, size in m.groups:
+            if module == mid:
+                by_round[r] = max(by_round.get(r, 0), size)
+    return [[r, n] for r, n in sorted(by_round.items())]
+
+
 def summarize(spec: SwarmSpec, view: SwarmView) -> dict:
     metrics = {m.peer_id: m for m in view.metrics}
+    numel = {mid: _module_numel(view.modules.get(mid, [])) for mid in spec.all_module_ids()}
     paths = []
     for p in spec.paths():
         servers = [c for c in view.claims if tuple(c.path) == p]
@@ -82,23 +107,39 @@ def summarize(spec: SwarmSpec, view: SwarmView) -> dict:
         anns = view.modules.get(mid, [])
         newest = max((a.round for a in anns), default=None)
         agreement = replica_agreement(anns)
+        missed = [entry for m in view.metrics for entry in m.rounds_missed if entry[0] == mid]
         modules.append({
             "module": mid,
             "round": newest,
             "holders": len({a.peer_id for a in anns}),
             "holders_at_round": sum(1 for a in anns if a.round == newest),
+            "holder_ids": sorted({a.peer_id for a in anns}),
+            "numel": numel[mid],
+            "group_sizes": _group_sizes(mid, view.metrics),
+            "rounds_late": sum(e[1] for e in missed),
+            "rounds_failed": sum(e[2] for e in missed),
             **agreement,
         })
+    nodes = len({c.peer_id for c in view.claims})
+    ddp = sum(ddp_fp32_bytes(sum(numel[mid] for mid in spec.module_ids(m.path)), m.inner_steps, len(view.metrics))
+              for m in view.metrics)
+    sent = sum(m.bytes_sent for m in view.metrics)
     return {
         "swarm_id": spec.swarm_id,
         "name": spec.name,
         "paths": paths,
         "modules": modules,
         "totals": {
-            "nodes": len({c.peer_id for c in view.claims}),
+            "nodes": nodes,
             "paths_served": sum(1 for p in paths if p["nodes"]),
             "tokens_per_s": sum(m.tokens_per_s for m in view.metrics),
-            "bytes_sent": sum(m.bytes_sent for m in view.metrics),
+            "tokens_trained": sum(m.tokens_trained for m in view.metrics),
+            "bytes_sent": sent,
             "bytes_received": sum(m.bytes_received for m in view.metrics),
+            "ddp_fp32_bytes": ddp,
+            "bytes_vs_ddp": (ddp / sent) if sent else None,
+            "nodes_reporting": len(view.metrics),
+            "nodes_reachable": sum(1 for m in view.metrics if m.reachable is True),
+            "nodes_behind_nat": sum(1 for m in view.metrics if m.reachable is False),
         },
     }

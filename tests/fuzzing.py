@@ -95,7 +95,8 @@ RECORDS = [
     ModuleAnnouncement(module_id="L1M0", round=7, digest="0123abcd" * 2, peer_id=PEER, numel=4096),
     ModuleAnnouncement(module_id="shared", round=0, digest="f", peer_id=PEER, numel=0, membership=CERT),
     NodeMetrics(path=(1, 0), peer_id=PEER, round=9, loss=2.5, tokens_per_s=100.0, bytes_sent=10, bytes_received=20,
-                history=((1, 3.0), (2, 2.75))),
+                history=((1, 3.0), (2, 2.75)), inner_steps=90, tokens_trained=11520,
+                groups=(("shared", 8, 3), ("L1M0", 8, 2)), rounds_missed=(("L0M1", 1, 0),), reachable=True),
     NodeMetrics(path=(0, 0), peer_id=PEER, round=0, loss=0.0, tokens_per_s=0.0, bytes_sent=0, bytes_received=0,
                 membership=CERT),
 ]

@@ -339,6 +339,42 @@ def swarm_status(spec_path: str | None, join_id: str | None, initial_peers: tupl
         click.echo(f"wrote {plot_path}")
 
 
+@swarm.command("dashboard")
+@click.option("--swarm", "spec_path", type=str, default=None, help="The swarm's spec (TOML), or 'public'.")
+@click.option("--join", "join_id", default=None, help="Or the swarm id (the spec is fetched from the swarm).")
+@click.option("--initial-peer", "initial_peers", multiple=True,
+              help="Multiaddr of a peer of the swarm (repeat for several).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to serve on; another than loopback lets other machines read the page.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8470, show_default=True, help="0: any free port.")
+@click.option("--poll-s", type=click.FloatRange(1.0, 3600.0), default=5.0, show_default=True,
+              help="Seconds between two reads of the swarm's records.")
+@friendly
+def swarm_dashboard(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], host: str, port: int,
+                    poll_s: float) -> None:
+    """A live web page of the swarm, /metrics for Prometheus and /api/status (what `status --json` prints).
+
+    \b
+    The page updates every few seconds: the grid of modules (round, holders, replica agreement), each path's
+    nodes, throughput and loss curve, group sizes per module, late and failed rounds, and the swarm's totals
+    (tokens, bytes sent against fp32 data-parallel). Read-only; Ctrl-C stops it."""
+    spec, initial_peers = resolve_swarm(spec_path, join_id, initial_peers)
+    if not initial_peers:
+        raise click.UsageError("--initial-peer is required: the address of any peer of the swarm")
+    from pathswarm.node.app.dashboard.run import check_host, serve_until_stopped, swarm_poll
+    from pathswarm.node.app.dashboard.server import Dashboard
+    from pathswarm.node.app.dashboard.view import DashboardState
+
+    check_host(host)
+    sdht = _start_client_or_explain(spec, initial_peers)
+    try:
+        with Dashboard(DashboardState(spec), swarm_poll(spec, lambda: sdht), host, port, poll_s) as board:
+            click.echo(f"dashboard of swarm {spec.name} ({spec.swarm_id[:12]}…) at {board.url} · Ctrl-C stops it")
+            serve_until_stopped()
+    finally:
+        sdht.shutdown()
+
+
 def _start_client_or_explain(spec: SwarmSpec, initial_peers: tuple[str, ...]):
     """A DHT client of the swarm; a NetStartError (a ValueError: one line) says why it did not start."""
     from pathswarm.protocol.net import start_net

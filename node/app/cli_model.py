@@ -60,9 +60,13 @@ def simulate(spec_path: str, mode: str, workers: int, rounds: int, inner_steps: 
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="PNG of loss curves per node and path (default: OUT/demo.png).")
 @click.option("--simulated", is_flag=True, help="Run the same algorithm in one process, without networking.")
+@click.option("--dashboard-port", type=click.IntRange(0, 65535), default=8470, show_default=True,
+              help="Serve the swarm's live dashboard on this port of 127.0.0.1 while the demo runs (taken: any free "
+                   "port; the URL is printed).")
+@click.option("--no-dashboard", is_flag=True, help="Serve no dashboard.")
 @friendly
 def demo(nodes: int, rounds: int, inner_steps: int, out_dir: str, json_path: str | None, plot_path: str | None,
-         simulated: bool) -> None:
+         simulated: bool, dashboard_port: int, no_dashboard: bool) -> None:
     """A real local swarm: a bootstrap peer and N nodes on 127.0.0.1 train a 2x2 DiPaCo model on BBC News."""
     from pathswarm.node.app import demo as demo_mod
 
@@ -74,7 +78,7 @@ def demo(nodes: int, rounds: int, inner_steps: int, out_dir: str, json_path: str
                                     plot_path=plot_p)
     else:
         demo_mod.run_demo(nodes=nodes, rounds=rounds, inner_steps=inner_steps, out_dir=Path(out_dir),
-                          json_path=json_p, plot_path=plot_p)
+                          json_path=json_p, plot_path=plot_p, dashboard_port=None if no_dashboard else dashboard_port)
 
 
 

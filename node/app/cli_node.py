@@ -151,13 +151,18 @@ def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[s
               help="This node's inner optimizer (default: the spec's [inner] optimizer). adamw8bit keeps "
                    "bitsandbytes' 8-bit moments: about a quarter of AdamW's optimizer memory. Only this node's "
                    "inner steps change; its peers may use either.")
+@click.option("--dashboard", "dashboard_port", type=click.IntRange(0, 65535), default=None,
+              help="Serve a live web page of this node and its swarm (and /metrics for Prometheus) on this port of "
+                   "127.0.0.1 (0: any free port; the address is logged).")
+@click.option("--dashboard-host", default="127.0.0.1", show_default=True,
+              help="Address the dashboard listens on; another than loopback lets other machines read it.")
 @friendly
 def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], membership_file: str | None,
              identity: str | None, path: str, device: str, data_dir: str | None,
              host_maddrs: tuple[str, ...], checkpoint_dir: str | None, init_dir: str | None, ready_file: str | None,
              status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int,
              offline: bool, sync_rounds: bool, max_tokens_per_s: float, save_partial_s: float,
-             audit_rate: float, optimizer: str | None) -> None:
+             audit_rate: float, optimizer: str | None, dashboard_port: int | None, dashboard_host: str) -> None:
     """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly).
 
     \b
@@ -185,9 +190,22 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
                      max_tokens_per_s=max_tokens_per_s, partial_every_s=save_partial_s,
                      audit_rate=audit_rate, optimizer=optimizer or "")
     n = Node(cfg, handle_signals=True)
-    if sys.stderr.isatty():
-        sys.exit(run_with_display(n))
-    sys.exit(n.run())
+    board = None
+    if dashboard_port is not None:  # bound before joining: a port in use fails at once
+        from pathswarm.node.app.dashboard.run import check_host, node_poll, swarm_poll
+        from pathswarm.node.app.dashboard.server import Dashboard
+        from pathswarm.node.app.dashboard.view import DashboardState
+
+        check_host(dashboard_host)
+        board = Dashboard(DashboardState(spec), swarm_poll(spec, lambda: n.sdht), dashboard_host, dashboard_port,
+                          node=node_poll(n.status)).start()
+        click.echo(f"dashboard at {board.url}", err=True)
+    try:
+        code = run_with_display(n) if sys.stderr.isatty() else n.run()
+    finally:
+        if board is not None:
+            board.stop()
+    sys.exit(code)
 
 
 @click.command()

@@ -4,11 +4,13 @@ By default a real local swarm: create a 2x2 spec on the BBC News corpus and fit 
 bootstrap DHT peer and N node processes on 127.0.0.1 (node/app/local_swarm.py), show a live table per
 node, and at the end print routed validation loss per path before and after, the bytes every node
 sent against what fp32 data-parallel would have sent for the same inner steps, and whether every
-module's replicas are bit-identical. `--simulated` runs the same algorithm in one process instead.
+module's replicas are bit-identical. While it runs, the swarm's dashboard is served on 127.0.0.1 (its URL is
+printed). `--simulated` runs the same algorithm in one process instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from pathswarm.node.model.data import load_documents
 from pathswarm.node.model.model import count_module_params
 from pathswarm.node.train.simulate import SimConfig, SimResult
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, SwarmSpec
+from pathswarm.protocol.swarm_view import ddp_fp32_bytes
 
 
 def plot_losses(result: SimResult, path: Path) -> None:
@@ -88,8 +91,7 @@ def summarize(spec: SwarmSpec, statuses: dict[str, dict]) -> dict:
         before.setdefault(st["path"], []).append(st["val_loss_before"])
         after.setdefault(st["path"], []).append(st["val_loss_after"])
         params = sum(counts[m] for m in st["digests"])
-        # fp32 data-parallel: every inner step a ring all-reduce moves 2(n-1)/n of the gradient per node.
-        ddp += int(4 * params * st["inner_step"] * 2 * (n - 1) / n)
+        ddp += ddp_fp32_bytes(params, st["inner_step"], n)
     replicas = check_replicas(statuses)  # every node's digest for each (module, round), whatever its group
     sent = sum(st["bytes_sent"] for st in statuses.values())
     return {
@@ -122,8 +124,32 @@ def plot_node_curves(summary: dict, path: Path) -> None:
     save_figure(fig, ax, path)
 
 
+@contextlib.contextmanager
+def demo_dashboard(spec: SwarmSpec, maddr: str, port: int | None, console: Console):
+    """The swarm's dashboard while the demo runs (port None: none; a taken port falls back to a free one)."""
+    if port is None:
+        yield None
+        return
+    from pathswarm.node.app.dashboard.run import swarm_poll
+    from pathswarm.node.app.dashboard.server import start_dashboard
+    from pathswarm.node.app.dashboard.view import DashboardState
+    from pathswarm.protocol.net import start_net
+
+    sdht = start_net([maddr], spec=spec, client_mode=True)
+    try:
+        board = start_dashboard(DashboardState(spec), swarm_poll(spec, lambda: sdht), "127.0.0.1", port,
+                                fallback=True, poll_s=3.0)
+        console.print(f"dashboard: {board.url} (open it in a browser while the demo runs)")
+        try:
+            yield board
+        finally:
+            board.stop()
+    finally:
+        sdht.shutdown()
+
+
 def run_demo(nodes: int, rounds: int, inner_steps: int, out_dir: Path, json_path: Path | None = None,
-             plot_path: Path | None = None, grace_s: float = 20.0) -> dict:
+             plot_path: Path | None = None, grace_s: float = 20.0, dashboard_port: int | None = 8470) -> dict:
     console = Console(stderr=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     base = SwarmSpec(name="pathswarm-demo", inner=InnerOptSpec(steps=inner_steps),
@@ -139,7 +165,8 @@ def run_demo(nodes: int, rounds: int, inner_steps: int, out_dir: Path, json_path
         console.print(f"bootstrap peer at {swarm.start_bootstrap()}")
         for i, name in enumerate(names):
             swarm.start_node(name, path="auto", max_rounds=rounds, seed=i, extra=["--wait-peers", str(nodes)])
-        with Live(_node_table(swarm, names), console=console, refresh_per_second=2) as live:
+        with demo_dashboard(spec, swarm.maddr, dashboard_port, console), \
+                Live(_node_table(swarm, names), console=console, refresh_per_second=2) as live:
             codes = swarm.wait_nodes(names, timeout_s=3600, on_tick=lambda: live.update(_node_table(swarm, names)))
             live.update(_node_table(swarm, names))
     failed = {n: c for n, c in codes.items() if c != 0}

@@ -14,11 +14,20 @@ from pathswarm.node.peer.background import Chores
 from pathswarm.node.peer.config import NodeStatus
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import announce_module, publish_metrics, publish_revocations, read_revocations
-from pathswarm.protocol.records import MAX_HISTORY, ModuleAnnouncement, NodeMetrics, announce_ttl_s
+from pathswarm.protocol.records import MAX_GROUPS, MAX_HISTORY, ModuleAnnouncement, NodeMetrics, announce_ttl_s
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.spec_share import announce_spec_server
 
 logger = logging.getLogger(__name__)
+
+
+def recent_groups(groups: dict[str, dict[str, list[str]]]) -> tuple[tuple[str, int, int], ...]:
+    """(module, round, group size) of the newest merged rounds, oldest first, at most MAX_GROUPS: the newest
+    rounds of every module share the room evenly."""
+    per_module = max(1, MAX_GROUPS // max(1, len(groups)))
+    out = [(mid, int(r), len(peers)) for mid, rounds in sorted(groups.items())
+           for r, peers in sorted(rounds.items(), key=lambda kv: int(kv[0]))[-per_module:]]
+    return tuple(sorted(out, key=lambda g: (g[1], g[0]))[-MAX_GROUPS:])
 
 
 class Announcer:
@@ -38,7 +47,9 @@ class Announcer:
         metrics = NodeMetrics(
             path=self.worker.path, peer_id=self.sdht.peer_id, round=st.round, loss=max(0.0, st.loss),
             tokens_per_s=st.tokens_per_s, bytes_sent=st.bytes_sent, bytes_received=st.bytes_received,
-            history=tuple((r, max(0.0, min(loss, 1e6))) for r, loss in st.loss_history[-MAX_HISTORY:] if loss == loss))
+            history=tuple((r, max(0.0, min(loss, 1e6))) for r, loss in st.loss_history[-MAX_HISTORY:] if loss == loss),
+            inner_steps=st.inner_step, tokens_trained=st.tokens_trained, groups=recent_groups(st.groups),
+            rounds_missed=tuple((mid, late, failed) for mid, (late, failed) in sorted(st.rounds_missed.items())))
         job = lambda: self._publish(announcements, metrics)  # noqa: E731
         if self.chores is None:
             job()

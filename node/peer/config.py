@@ -111,6 +111,8 @@ class NodeStatus:
     val_loss_before: float = float("nan")
     val_loss_after: float = float("nan")
     rounds_failed: int = 0
+    rounds_missed: dict[str, list[int]] = field(default_factory=dict)
+    """module → [rounds whose result we got late (our contribution carried on), rounds that failed for us]."""
     train_wall_s: float = 0.0
     """Wall time of the whole training loop (inner steps, waiting and applying included)."""
     digests: dict[str, str] = field(default_factory=dict)

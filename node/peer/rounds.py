@@ -146,6 +146,7 @@ class Rounds:
         if done.applied:
             if result.status == "late":
                 self.catch_up = True
+                self.status.rounds_missed.setdefault(mid, [0, 0])[0] += 1
             if done.diverged:
                 # Our replica is not the group's: the re-sync replaces it, and the history does not record it.
                 logger.error("module %s round %d: digest %s != group's %s; re-syncing", mid, result.round,
@@ -160,6 +161,7 @@ class Rounds:
                 self.status.groups.setdefault(mid, {})[str(st.round)] = list(result.contributors)
             return
         self.status.rounds_failed += 1
+        self.status.rounds_missed.setdefault(mid, [0, 0])[1] += 1
         reason = result.reason if not result.applicable else done.reason
         logger.warning("module %s round %d: %s (%s)", mid, st.round, result.status, reason)
         if result.status == "out_of_sync":

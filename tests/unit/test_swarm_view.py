@@ -1,6 +1,6 @@
 """`swarm status` from hand-made DHT records: replica agreement compares every round's announcers."""
 
-from pathswarm.protocol.records import ModuleAnnouncement
+from pathswarm.protocol.records import ModuleAnnouncement, NodeMetrics
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.swarm_view import SwarmView, replica_agreement, summarize
 
@@ -45,11 +45,70 @@ def test_agreeing_lone_and_absent_modules():
         True, [], 2)
     assert ms["shared"]["split_digests"] == {}
     assert (ms["L0M1"]["replicas_agree"], ms["L0M1"]["split_rounds"], ms["L0M1"]["rounds_compared"]) == (None, [], 0)
-    assert ms["L1M0"] == {"module": "L1M0", "round": None, "holders": 0, "holders_at_round": 0,
+    assert ms["L1M0"] == {"module": "L1M0", "round": None, "holders": 0, "holders_at_round": 0, "holder_ids": [],
+                          "numel": 0, "group_sizes": [], "rounds_late": 0, "rounds_failed": 0,
                           "replicas_agree": None, "rounds_compared": 0, "split_rounds": [], "split_digests": {}}
+
+
+def metrics(peer: str, path: tuple[int, ...], **kw) -> NodeMetrics:
+    return NodeMetrics(path=path, peer_id=peer, round=3, loss=2.0, tokens_per_s=100.0, bytes_sent=1000,
+                       bytes_received=900, **kw)
+
+
+def test_group_sizes_missed_rounds_and_bytes_against_data_parallel():
+    anns = {"shared": [ann("shared", 3, "5", A), ann("shared", 3, "5", B), ann("shared", 3, "5", C)],
+            "L0M0": [ann("L0M0", 3, "a", A), ann("L0M0", 3, "a", B)], "L1M0": [ann("L1M0", 3, "c", A)],
+            "L1M1": [ann("L1M1", 3, "d", B)]}
+    # A peer announcing a 10^12-parameter module moves no figure: the median of the holders' sizes counts
+    anns["shared"].append(ModuleAnnouncement(module_id="shared", round=3, digest="5", peer_id=D, numel=10**12))
+    view = SwarmView(modules=anns, metrics=[
+        metrics(A, (0, 0), inner_steps=40, tokens_trained=5000, groups=(("shared", 2, 2), ("L0M0", 2, 2),
+                                                                         ("shared", 3, 3)),
+                rounds_missed=(("shared", 1, 0),), reachable=True),
+        metrics(B, (0, 1), inner_steps=20, tokens_trained=2500, groups=(("shared", 2, 1), ("shared", 3, 3)),
+                rounds_missed=(("shared", 0, 2), ("L1M1", 1, 1)))])
+    got = summarize(SPEC, view)
+    ms = {m["module"]: m for m in got["modules"]}
+    assert ms["shared"]["group_sizes"] == [[2, 2], [3, 3]] and ms["L0M0"]["group_sizes"] == [[2, 2]]
+    assert (ms["shared"]["rounds_late"], ms["shared"]["rounds_failed"]) == (1, 2)
+    assert (ms["L1M1"]["rounds_late"], ms["L1M1"]["rounds_failed"]) == (1, 1)
+    assert ms["shared"]["numel"] == 10 and ms["shared"]["holder_ids"] == [A, B, C, D]
+    t = got["totals"]
+    # each path is 3 modules of 10 parameters; 2 nodes: a ring all-reduce sends 2(n-1)/n = 1 gradient per step
+    assert t["ddp_fp32_bytes"] == 4 * 30 * 40 + 4 * 30 * 20 == 7200
+    assert t["bytes_sent"] == 2000 and t["bytes_vs_ddp"] == 3.6 and t["tokens_trained"] == 7500
+    assert (t["nodes_reporting"], t["nodes_reachable"], t["nodes_behind_nat"]) == (2, 1, 0)
 
 
 def test_several_split_rounds_are_listed_in_order():
     anns = [ann("L1M1", r, f"{r}{p[-1].lower()}", p) for r, p in ((9, A), (9, B), (3, C), (3, D), (5, A))]
     got = replica_agreement(anns)
     assert got["split_rounds"] == [3, 9] and got["replicas_agree"] is False and got["rounds_compared"] == 2
+
+
+def test_the_fullest_metrics_record_fits_the_dht_bound():
+    # The biggest a node ever writes: full history, full group list, the longest module ids, a certificate
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    from pathswarm.protocol.membership import MAX_CERT_BYTES
+    from pathswarm.protocol.records import (
+        MAX_COUNT,
+        MAX_GROUPS,
+        MAX_HISTORY,
+        MAX_RECORD_BYTES,
+        _bounded_size,
+        parse_record,
+        record_to_wire,
+    )
+
+    spec = SwarmSpec(name="big", levels=(64,) * 3)
+    m = NodeMetrics(path=(63, 63, 63), peer_id="Q" * 52, round=MAX_COUNT, loss=1234.5678901, tokens_per_s=1e15 / 3,
+                    bytes_sent=MAX_COUNT, bytes_received=MAX_COUNT, membership="c" * MAX_CERT_BYTES,
+                    history=tuple((MAX_COUNT - i, 1000.0 / 3) for i in range(MAX_HISTORY)),
+                    inner_steps=MAX_COUNT, tokens_trained=MAX_COUNT,
+                    groups=tuple(("L2M63", MAX_COUNT - i, 10**6) for i in range(MAX_GROUPS)),
+                    rounds_missed=tuple((mid, MAX_COUNT, MAX_COUNT) for mid in ("shared", "L0M63", "L1M63", "L2M63")),
+                    reachable=False)
+    wire = record_to_wire(m)  # what a node stores: hivemind packs it with msgpack
+    assert len(MSGPackSerializer.dumps(wire)) <= MAX_RECORD_BYTES and _bounded_size(wire, 1 << 20) <= MAX_RECORD_BYTES
+    assert parse_record(NodeMetrics, wire, spec) == m
