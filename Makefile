@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-swarm lint install clean
+.PHONY: demo test test-unit test-slow test-swarm lint install clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -28,6 +28,10 @@ test: $(STAMP)
 # The quick loop: pure tests only (about a minute).
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
+
+# Long runs kept out of the default suite (marked slow); CI runs them after it.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow tests/unit tests/swarm
 
 test-swarm: $(STAMP)
 	$(BIN)/python -m pytest -q tests/swarm

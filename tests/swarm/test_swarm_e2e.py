@@ -95,6 +95,7 @@ def test_three_nodes_train_with_identical_replicas(spec_path, tmp_path):
     assert p2pd_processes(swarm) == []
 
 
+@pytest.mark.slow  # 45 s: with the slow ones (`make test-slow`, in CI after the default suite)
 def test_late_join_sigkill_and_sigterm(spec_path, tmp_path):
     from pathswarm.protocol.spec import load_spec
 
