@@ -117,7 +117,7 @@ function drawChart(id, title, xLabel, yLabel, curves, opts) {
     scales: {x: {time: (opts || {}).time === true}},
     // rounds are whole numbers: no tick at 1.5
     axes: [(opts || {}).time ? {label: xLabel} : {label: xLabel, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]},
-           {label: yLabel}],
+           {label: yLabel, size: 70}],
   }, data, box);
   charts[id] = {plot: plot, key: key};
 }
