@@ -39,6 +39,7 @@ def run_bootstrap(spec: SwarmSpec, host_maddrs: list[str], ready_file: str = "",
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
     from pathswarm.protocol.netloop import NetLoop
+    from pathswarm.protocol.reachability import DialBackServer
     from pathswarm.protocol.spec_share import SpecServer, announce_spec_server
 
     identity_path = ensure_identity(Path(identity) if identity else default_identity(spec))
@@ -53,6 +54,7 @@ def run_bootstrap(spec: SwarmSpec, host_maddrs: list[str], ready_file: str = "",
     try:
         streams = net.run(sdht.streams(), 30)
         net.run(SpecServer([spec]).start(streams), 30)
+        net.run(DialBackServer().start(streams), 30)  # joiners learn whether peers can dial them
         announce()
         maddrs = sdht.visible_maddrs()
         logger.info("bootstrap peer of swarm %s… at %s", spec.swarm_id[:12], " ".join(maddrs))

@@ -63,6 +63,7 @@ logger = logging.getLogger(__name__)
 PROTOCOL_VERSION = "v3"  # v3: results list their merged frames' hashes, which members check (protocol/audit.py)
 RESULTS_KEPT = 4  # closed rounds a reducer remembers for late members
 RESULTS_LOGGED = 64  # rounds whose merged tokens a reducer remembers (a healed split takes them back)
+MAX_CLIENTS = 4096  # most client peers remembered (one set entry each)
 MAX_TOKENS = 1 << 53  # most tokens one contribution may count (exact in a float; no round trains so many)
 UNREACHABLE = "reducer unreachable"  # reason prefix of a round that failed at the connection level
 RANK_LOST = "a member left the world"  # sync baseline: reason prefix of a round failed because a member died
@@ -187,6 +188,10 @@ class ModuleExchange:
         self.tokens_reduced: dict[str, int] = {}
         self.reduced_log: dict[str, dict[int, int]] = {}  # module → state round → tokens we merged into it
         self.offenses: dict[str, int] = {}  # peer → contributions of it we rejected (robust aggregation)
+        self.client = False
+        """We run as a client (protocol/reachability.py): our contributions say so, and we name ourselves last."""
+        self.clients: set[str] = set()
+        """Peers whose contributions said they are clients: left out of the reducer candidates we name."""
         # A member sends one contribution per module per round and downloads a module's state when it joins or
         # re-syncs: these budgets are far above that, and far below what a flood would need.
         # Deadlines: a contribution waits for its round (grace window, and up to the timeout in sync mode); a state
@@ -278,6 +283,8 @@ class ModuleExchange:
             module = field_of(header, "module", str)
             if module not in self.numels:
                 raise WireError(f"unknown module {module!r}")
+            if header.get("client") is True and len(self.clients) < MAX_CLIENTS:
+                self.clients.add(sender)  # never named a reducer candidate: nobody could dial it
             # The frame follows in a second message, bounded by this module's size.
             _, frame = await read_message(reader, self._frame_limit(module), self.traffic)
             round_ = field_of(header, "round", int)
@@ -518,7 +525,7 @@ class ModuleExchange:
             open_round.result = RoundResult(module, round_, "failed", reason="no valid contribution")
             open_round.done.set()
             return
-        reducers = successors(self.peer_id, closed.used)
+        reducers = successors(self.peer_id, closed.used, self.clients | ({self.peer_id} if self.client else set()))
         merged = {p: open_round.frames[p] for p in closed.used}
         self.audits.store.keep(module, round_, merged)  # for members who audit the round
         after = None if closed.after is None else dataclasses.replace(closed.after, reducers=reducers)
@@ -639,7 +646,7 @@ class ModuleExchange:
         reader, writer = await self.streams.open(reducer, self.contribute_name)
         try:
             await write_message(writer, {"module": module, "round": round_, "tokens": tokens, "digest": digest,
-                                         "membership": self.membership}, b"", self.traffic)
+                                         "membership": self.membership, "client": self.client}, b"", self.traffic)
             await write_message(writer, {}, frame, self.traffic)
             header, mean_frame = await read_message(reader, self._frame_limit(module), self.traffic)
         finally:

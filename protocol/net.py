@@ -125,6 +125,16 @@ class PeerStreams:
 
         await self._p2p.add_binary_stream_handler(name, on_stream)
 
+    async def serve_with_address(self, name: str, handler: Callable[[str, str, asyncio.StreamReader,
+                                                                      asyncio.StreamWriter], Awaitable[None]]) -> None:
+        """Like `serve`, the handler also getting the multiaddr the caller's connection comes from (as p2pd saw
+        it: behind NAT, the router's address)."""
+
+        async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await handler(info.peer_id.to_base58(), str(info.addr), reader, writer)
+
+        await self._p2p.add_binary_stream_handler(name, on_stream)
+
     async def open(self, peer_id: str, name: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Open a stream to `peer_id`'s handler `name`; NotServingYetError if the peer is up without that handler,
         other (assorted) types if it cannot be reached."""
@@ -150,6 +160,10 @@ class SwarmNet:
         """This peer's libp2p id (base58), equal to `peer_id_of_owner(self.owner)`."""
         self.membership = membership
         """This peer's membership certificate (private swarms), attached to every record it writes."""
+        self.client_mode = False
+        """A client answers no DHT requests (it cannot be dialed): protocol/reachability.py."""
+        self.reachable: bool | None = None
+        """Whether a peer could dial this one back (None: not measured)."""
 
     def visible_maddrs(self) -> list[str]:
         """Multiaddrs other peers can join through (pass them as `initial_peers`)."""
@@ -354,7 +368,9 @@ def _start(
             dht.shutdown()
             raise
     owner = RSASignatureValidator(private_key).local_public_key
-    return SwarmNet(dht, owner, dht.peer_id.to_base58(), membership)
+    net = SwarmNet(dht, owner, dht.peer_id.to_base58(), membership)
+    net.client_mode = client_mode
+    return net
 
 
 PARENT_POLL_S = 0.5  # how often the DHT process checks that the process that started it is alive

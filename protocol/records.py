@@ -99,6 +99,8 @@ class PathClaim(_PathRecord):
     """The outer round the claimant is at."""
     expires_at: Timestamp
     """DHT time after which the claim is dead; a withdrawn claim is rewritten with expires_at = now."""
+    client: bool = False
+    """The claimant cannot be dialed (behind NAT: protocol/reachability.py): never a reducer candidate."""
 
 
 class ModuleAnnouncement(_Record):
@@ -114,6 +116,8 @@ class ModuleAnnouncement(_Record):
     """The announcing peer's libp2p id."""
     numel: Count
     """Number of parameters in the module (a downloader bounds its allocation by it)."""
+    client: bool = False
+    """The announcer cannot be dialed: it vouches for the digest but serves no downloads."""
 
 
 class NodeMetrics(_PathRecord):

@@ -48,9 +48,14 @@ RIVAL = {Stance.OPEN, Stance.CLOSED, Stance.AHEAD}
 """Answers that forbid the asker to reduce the round."""
 
 
-def successors(reducer: str, contributors: Iterable[str]) -> tuple[str, ...]:
-    """The candidates for the next round: the reducer of this one, then its contributors, sorted."""
-    rest = sorted(set(contributors) - {reducer})
+def successors(reducer: str, contributors: Iterable[str], clients: Iterable[str] = ()) -> tuple[str, ...]:
+    """The candidates for the next round: the reducer of this one, then its contributors, sorted. `clients` (peers
+    nobody can dial: protocol/reachability.py) are left out, except a client reducer, which comes last: a module
+    held by clients only still has someone to close its rounds."""
+    clients = set(clients)
+    rest = sorted(set(contributors) - {reducer} - clients)
+    if reducer in clients:
+        return (*rest, reducer)[:MAX_CANDIDATES]
     return (reducer, *rest)[:MAX_CANDIDATES]
 
 

@@ -331,8 +331,10 @@ def swarm_status(spec_path: str | None, join_id: str | None, initial_peers: tupl
                   str(m["holders_at_round"]), agree)
     console.print(t)
     tot = summary["totals"]
+    unknown = tot["nodes_reporting"] - tot["nodes_reachable"] - tot["nodes_behind_nat"]
     console.print(f"{tot['nodes']} nodes · {tot['paths_served']}/{spec.n_paths} paths served · "
-                  f"{tot['tokens_per_s']:,.0f} tokens/s · sent {tot['bytes_sent']:,} B")
+                  f"{tot['tokens_per_s']:,.0f} tokens/s · sent {tot['bytes_sent']:,} B · reachable "
+                  f"{tot['nodes_reachable']}, behind NAT (client) {tot['nodes_behind_nat']}, not measured {unknown}")
     write_json(json_path, summary)
     if plot_path:
         plot_path_history(summary, plot_path)

@@ -151,6 +151,10 @@ def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[s
               help="This node's inner optimizer (default: the spec's [inner] optimizer). adamw8bit keeps "
                    "bitsandbytes' 8-bit moments: about a quarter of AdamW's optimizer memory. Only this node's "
                    "inner steps change; its peers may use either.")
+@click.option("--reachability", type=click.Choice(["auto", "public", "client"]), default="auto", show_default=True,
+              help="auto: ask a peer to dial this node back, and run as a client if it cannot (behind a home router "
+                   "without a forwarded port: it trains and contributes to every round, but never reduces one nor "
+                   "serves state). public: serve without asking. client: never expect to be dialed.")
 @click.option("--dashboard", "dashboard_port", type=click.IntRange(0, 65535), default=None,
               help="Serve a live web page of this node and its swarm (and /metrics for Prometheus) on this port of "
                    "127.0.0.1 (0: any free port; the address is logged).")
@@ -162,7 +166,8 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
              host_maddrs: tuple[str, ...], checkpoint_dir: str | None, init_dir: str | None, ready_file: str | None,
              status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int,
              offline: bool, sync_rounds: bool, max_tokens_per_s: float, save_partial_s: float,
-             audit_rate: float, optimizer: str | None, dashboard_port: int | None, dashboard_host: str) -> None:
+             audit_rate: float, optimizer: str | None, reachability: str, dashboard_port: int | None,
+             dashboard_host: str) -> None:
     """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly).
 
     \b
@@ -188,7 +193,7 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
                      status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
                      wait_peers=wait_peers, offline=offline, sync_rounds=sync_rounds,
                      max_tokens_per_s=max_tokens_per_s, partial_every_s=save_partial_s,
-                     audit_rate=audit_rate, optimizer=optimizer or "")
+                     audit_rate=audit_rate, optimizer=optimizer or "", reachability=reachability)
     n = Node(cfg, handle_signals=True)
     board = None
     if dashboard_port is not None:  # bound before joining: a port in use fails at once

@@ -58,3 +58,12 @@ def plot_path_history(summary: dict, path: Path | str) -> None:
     ax.set_ylabel("training loss (nats/byte)")
     ax.set_title(f"swarm {summary['name']} ({summary['swarm_id'][:12]}…): loss per path")
     save_figure(fig, ax, path)
+
+
+def reach_label(reachable: bool | None, client: bool) -> str:
+    """How peers see a node: what `swarm status` and the node's display say."""
+    if reachable is False:
+        return "behind NAT (client)"
+    if client:
+        return "client"
+    return "reachable" if reachable else "not measured"

@@ -45,12 +45,16 @@ class LocalSwarm:
         self.extra: dict[str, subprocess.Popen] = {}
         """Bootstrap peers and other helper processes, stopped with the swarm."""
         self._logs: list = []
+        self.netns: dict[str, str] = {}
+        """Process name → the network namespace it runs in (none: this process's)."""
 
     # ---- processes ---------------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str], entry: list[str] | None = None) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "ab")
         self._logs.append(log)
-        cmd = [sys.executable, *(entry or ["-m", "pathswarm"]), *(["--debug"] if self.debug else []), *args]
+        # A process may live in a network namespace a test created (tests/netns.py): `ip netns exec` runs it there.
+        netns = ["ip", "netns", "exec", self.netns[name]] if name in self.netns else []
+        cmd = [*netns, sys.executable, *(entry or ["-m", "pathswarm"]), *(["--debug"] if self.debug else []), *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(self.threads)}
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 

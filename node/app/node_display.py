@@ -14,16 +14,16 @@ from rich.live import Live
 from rich.logging import RichHandler
 from rich.table import Table
 
-from pathswarm.node.app.fmt import fmt_bytes
+from pathswarm.node.app.fmt import fmt_bytes, reach_label
 
 
 def status_table(status) -> Table:
     table = Table(title=f"pathswarm node {status.peer_id[-8:] or '…'}")
-    for col in ("path", "state", "round", "inner step", "loss", "tok/s", "group", "sent", "received"):
+    for col in ("path", "state", "round", "inner step", "loss", "tok/s", "group", "sent", "received", "peers see it"):
         table.add_column(col, justify="right")
     table.add_row(status.path or "…", status.state, str(status.round), str(status.inner_step), f"{status.loss:.4f}",
                   f"{status.tokens_per_s:,.0f}", str(status.last_group), fmt_bytes(status.bytes_sent),
-                  fmt_bytes(status.bytes_received))
+                  fmt_bytes(status.bytes_received), reach_label(status.reachable, status.client))
     return table
 
 

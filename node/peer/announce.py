@@ -42,14 +42,15 @@ class Announcer:
         """Module announcements and metrics as of now; the DHT stores run on the chores thread."""
         st = self.status
         announcements = [ModuleAnnouncement(module_id=mid, round=o.round, digest=o.digest(), peer_id=self.sdht.peer_id,
-                                            numel=o.anchor.numel())
+                                            numel=o.anchor.numel(), client=self.sdht.client_mode)
                          for mid, o in ((mid, self.worker.outer[mid]) for mid in self.worker.module_ids)]
         metrics = NodeMetrics(
             path=self.worker.path, peer_id=self.sdht.peer_id, round=st.round, loss=max(0.0, st.loss),
             tokens_per_s=st.tokens_per_s, bytes_sent=st.bytes_sent, bytes_received=st.bytes_received,
             history=tuple((r, max(0.0, min(loss, 1e6))) for r, loss in st.loss_history[-MAX_HISTORY:] if loss == loss),
             inner_steps=st.inner_step, tokens_trained=st.tokens_trained, groups=recent_groups(st.groups),
-            rounds_missed=tuple((mid, late, failed) for mid, (late, failed) in sorted(st.rounds_missed.items())))
+            rounds_missed=tuple((mid, late, failed) for mid, (late, failed) in sorted(st.rounds_missed.items())),
+            reachable=st.reachable)
         job = lambda: self._publish(announcements, metrics)  # noqa: E731
         if self.chores is None:
             job()

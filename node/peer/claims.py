@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pathswarm.protocol.dht import publish_claim, read_claims, withdraw_claim
 from pathswarm.protocol.path_choice import choose_path
@@ -35,6 +35,8 @@ class ClaimsView:
     joined could otherwise reduce a round while still downloading state, and split the group in two."""
     live: dict[str, dict[str, int]]
     """Peer → the round its claim says (the synchronous baseline detects a dead member by it)."""
+    clients: frozenset[str] = frozenset()
+    """Claimants that cannot be dialed (protocol/reachability.py): never reducer candidates."""
 
 
 @dataclass(frozen=True)
@@ -47,15 +49,21 @@ class Groups:
     """Module → who may reduce its round 0, in order (protocol/reducers.py `genesis_candidates`)."""
     live: dict[str, dict[str, int]]
     """Module → live holder → its claim's round, ourselves included."""
+    reducible: dict[str, list[str]] = field(default_factory=dict)
+    """Module → the holders that may reduce its rounds when the agreed list fails: those peers can dial, sorted
+    (a client holding the module with clients only may reduce it itself)."""
 
 
 def view_of(claims: Iterable[PathClaim], spec: SwarmSpec, module_ids: Iterable[str], me: str) -> ClaimsView:
     holders: dict[str, set[str]] = {mid: set() for mid in module_ids}
     seasoned: dict[str, set[str]] = {mid: set() for mid in holders}
     live: dict[str, dict[str, int]] = {mid: {} for mid in holders}
+    clients: set[str] = set()
     for c in claims:
         if c.peer_id == me:
             continue  # our own claim may be older than our round: groups_of adds us as we are now
+        if c.client:
+            clients.add(c.peer_id)
         for mid in spec.module_ids(tuple(c.path)):
             if mid in holders:
                 holders[mid].add(c.peer_id)
@@ -63,15 +71,18 @@ def view_of(claims: Iterable[PathClaim], spec: SwarmSpec, module_ids: Iterable[s
                 if c.round > 0:
                     seasoned[mid].add(c.peer_id)
     return ClaimsView({m: frozenset(p) for m, p in holders.items()}, {m: frozenset(p) for m, p in seasoned.items()},
-                      live)
+                      live, frozenset(clients))
 
 
-def groups_of(view: ClaimsView, me: str, my_round: int) -> Groups:
+def groups_of(view: ClaimsView, me: str, my_round: int, client: bool = False) -> Groups:
+    """`client`: we cannot be dialed ourselves (we then reduce only a module no reachable peer holds)."""
+    clients = view.clients | ({me} if client else set())
     holders = {mid: peers | {me} for mid, peers in view.holders.items()}
     seasoned = {mid: peers | ({me} if my_round > 0 else set()) for mid, peers in view.seasoned.items()}
-    genesis = {mid: genesis_candidates(holders[mid], seasoned[mid]) for mid in holders}
+    reducible = {mid: sorted(peers - clients) or sorted(peers) for mid, peers in holders.items()}
+    genesis = {mid: genesis_candidates(reducible[mid], seasoned[mid] & set(reducible[mid])) for mid in holders}
     live = {mid: {**peers, me: my_round} for mid, peers in view.live.items()}
-    return Groups({mid: sorted(peers) for mid, peers in holders.items()}, genesis, live)
+    return Groups({mid: sorted(peers) for mid, peers in holders.items()}, genesis, live, reducible)
 
 
 class Claims:
@@ -82,6 +93,8 @@ class Claims:
         self.sdht, self.spec, self.stop_event = sdht, spec, stop_event
         self.my_round, self.on_groups, self.clock = my_round, on_groups, clock
         self.module_ids: list[str] = []
+        self.client = bool(getattr(sdht, "client_mode", False))
+        """We cannot be dialed (protocol/reachability.py): our claim says so."""
         self.claim: PathClaim | None = None
         self.groups: Groups | None = None
         self._view: ClaimsView | None = None
@@ -102,7 +115,7 @@ class Claims:
         with less service (the peer with the smaller id keeps it, so exactly one of them moves)."""
         me = self.sdht.peer_id
         claim = publish_claim(self.sdht, self.spec, PathClaim(path=path, peer_id=me, tokens_per_s=0.0, round=0,
-                                                              expires_at=0.0))
+                                                              expires_at=0.0, client=self.client))
         self.stop_event.wait(wait_s)
         claims = read_claims(self.sdht, self.spec)
         rivals = [c for c in claims if tuple(c.path) == path and c.peer_id < me]
@@ -123,7 +136,7 @@ class Claims:
         self.module_ids = self.spec.module_ids(path)
         with self._claim_lock:  # the training thread (round 1) and the chores thread: one store at a time, in order
             claim = PathClaim(path=path, peer_id=self.sdht.peer_id, tokens_per_s=tokens_per_s, round=self.my_round(),
-                              expires_at=0.0)
+                              expires_at=0.0, client=self.client)
             self.claim = publish_claim(self.sdht, self.spec, claim) or claim
         self.refresh(view_timeout_s)
 
@@ -150,7 +163,7 @@ class Claims:
                 self._derive()
 
     def _derive(self) -> None:  # held: self._view_lock
-        self.groups = groups_of(self._view, self.sdht.peer_id, self.my_round())
+        self.groups = groups_of(self._view, self.sdht.peer_id, self.my_round(), self.client)
         self.on_groups(self.groups)
 
     def wait_for_peers(self, count: int, timeout_s: float) -> None:

@@ -64,6 +64,9 @@ class NodeConfig:
     are still checked)."""
     optimizer: str = ""
     """This node's inner optimizer, "adamw" or "adamw8bit" ("": the spec's [inner] optimizer)."""
+    reachability: str = "auto"
+    """"auto": ask a peer to dial back and run as a client if it cannot (protocol/reachability.py); "public": serve
+    without asking; "client": never be dialed (contribute and download only)."""
     partial_every_s: float = 2.0
     """Save the round in progress (node/partial_round.py) this often at most, and never spend more than
     1/PARTIAL_COST_SHARE of training time on it (0: never; needs checkpoint_dir): a crash then loses seconds of
@@ -100,6 +103,10 @@ class NodeStatus:
     """Tokens whose steps were thrown away: only in the sync baseline, when a round failed because a member died
     (a data-parallel job redoes the step from the last good state)."""
     last_group: int = 0
+    reachable: bool | None = None
+    """Whether a peer could dial this node back at start (None: not measured)."""
+    client: bool = False
+    """Runs as a client (behind NAT): contributes and downloads, never reduces nor serves state."""
     optimizer: str = ""
     """The inner optimizer this node trains with (adamw, adamw8bit)."""
     micro_batch: int = 0

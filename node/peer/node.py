@@ -35,6 +35,7 @@ from pathswarm.node.peer.announce import Announcer
 from pathswarm.node.peer.background import Chores
 from pathswarm.node.peer.claims import Claims, Groups
 from pathswarm.node.peer.config import CLAIMS_READ_S, ROUND1_SETTLE_S, NodeConfig, NodeStatus
+from pathswarm.node.peer.reachable import start_node_dht
 from pathswarm.node.peer.resume import PartialRounds
 from pathswarm.node.peer.rounds import Rounds, exchange_closer
 from pathswarm.node.peer.splits import Heal, SplitWatch, lost_since, split_verdict
@@ -46,9 +47,9 @@ from pathswarm.node.train.memory import fit_to_device
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import read_revocations
 from pathswarm.protocol.exchange import ModuleExchange
-from pathswarm.protocol.net import SwarmNet, start_net
 from pathswarm.protocol.netloop import NetLoop
-from pathswarm.protocol.spec import SwarmSpec, format_path, parse_path
+from pathswarm.protocol.reachability import DialBackServer
+from pathswarm.protocol.spec import format_path, parse_path
 from pathswarm.protocol.spec_share import SpecServer
 from pathswarm.protocol.wire import Traffic
 
@@ -86,6 +87,7 @@ class Node:
         clock.lap("data")
         if not cfg.offline:
             self.sdht = start_node_dht(cfg, spec)
+            self.status.reachable, self.status.client = self.sdht.reachable, self.sdht.client_mode
             self.claims = Claims(self.sdht, spec, self.stop_event, lambda: self.status.round, self._use_groups)
             clock.lap("dht")
         self.net = NetLoop()
@@ -158,12 +160,15 @@ class Node:
         self.exchange = ModuleExchange(spec, streams, self.status.peer_id, numels,
                                        lambda mid: self.sync.local_states.get(mid), exchange_closer(spec),
                                        self.traffic, membership=self.cfg.membership, sync_world=self.cfg.sync_rounds)
+        self.exchange.client = bool(self.sdht is not None and self.sdht.client_mode)
         self.net.run(self.exchange.start(), 30)
         self.sync = StateSync(spec, self.worker, self.status, self.exchange, self.net, self.sdht)
         self.rounds = Rounds(self.cfg, self.status, self.worker, self.exchange, self.net, self.sync.publish_local)
         self.exchange.drop_reply = _faults_from_env()
         if not offline:  # any member can hand the spec to a machine joining with --join
             self.net.run(SpecServer([spec]).start(streams), 30)
+            if not self.sdht.client_mode:  # tell joiners whether they can be dialed (protocol/reachability.py)
+                self.net.run(DialBackServer().start(streams), 30)
             self.announcer = Announcer(spec, self.sdht, self.status, self.worker, None, on_revoked=self.stop_event.set)
             self.announcer.announce_spec_server()
 
@@ -493,10 +498,3 @@ def _faults_from_env() -> set[tuple[str, int]]:
         module, _, round_ = item.rpartition(":")
         out.add((module, int(round_)))
     return out
-
-
-def start_node_dht(cfg: NodeConfig, spec: SwarmSpec) -> SwarmNet:
-    """Join the DHT (a NetStartError, whose message says what to check, when it cannot start; one for an initial
-    peer that serves another swarm too)."""
-    return start_net(list(cfg.initial_peers), list(cfg.host_maddrs), spec=spec,
-                     identity_path=cfg.identity_path or None, membership=cfg.membership)

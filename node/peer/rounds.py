@@ -80,7 +80,8 @@ class Rounds:
             st = self.worker.outer[mid]
             sent = make_contribution(st, self.worker.flat(mid), self.worker.feedback[mid], self.spec.codec,
                                      tokens + self.carry.pop(mid, 0))
-            order = candidates(st.reducers or groups.genesis[mid], groups.holders[mid], self.exchange.skipped())
+            order = candidates(st.reducers or groups.genesis[mid], groups.reducible.get(mid, groups.holders[mid]),
+                               self.exchange.skipped())
             fut = self.net.submit(self.exchange.contribute(order, mid, sent.round, sent.tokens, sent.digest_before,
                                                            sent.frame, timeout))
             self.in_flight[mid] = InFlight(fut, sent, order[0])

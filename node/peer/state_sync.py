@@ -16,7 +16,7 @@ from pathswarm.node.train.outer import state_digest
 from pathswarm.node.train.warm_start import InitMismatchError, check_init
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import read_module_holders
-from pathswarm.protocol.exchange import LocalState, ModuleExchange
+from pathswarm.protocol.exchange import MAX_CLIENTS, LocalState, ModuleExchange
 from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.spec import SwarmSpec
 
@@ -31,6 +31,8 @@ class StateSync:
         self.local_states: dict[str, LocalState] = {}
         """Module → its state as of our last applied round: what the exchange serves and checks digests against."""
         self._checks: dict[str, tuple[float, float]] = {}  # module → (first check, next check) of a resync_check
+        self.clients: set[str] = set()
+        """Announcers that cannot be dialed (their announcements say so): never asked for state."""
 
     def publish_local(self, mid: str) -> None:
         st = self.worker.outer[mid]
@@ -77,6 +79,7 @@ class StateSync:
 
     def _adopt_vouched(self, mid: str, anns, claimed: dict[str, int], resumed: bool) -> str:
         me, mine = self.status.peer_id, self.worker.outer[mid]
+        self.note_clients(anns)
         seasoned = {p for p, r in claimed.items() if r > 0}
         got = vouched_state([(a.peer_id, a.round, a.digest) for a in anns], me, mine.round,
                             counted_peers(seasoned, claimed, me, self.status.distrusted))
@@ -89,6 +92,7 @@ class StateSync:
 
     def _adopt_round0(self, mid: str, anns) -> str:
         """A warm start's round 0 from any announcer: its bytes must hash to the spec's digest (`download`)."""
+        self.note_clients(anns)
         for a in anns:
             if a.peer_id != self.status.peer_id and a.round == 0 and self.download(mid, a.peer_id):
                 return f"peer {a.peer_id[-8:]} round 0 (the spec's digest)"
@@ -112,7 +116,9 @@ class StateSync:
     def announced(self, mid: str, claim_holders: list[str]) -> tuple[list[tuple[str, int, str]], str, set[str]]:
         """(announcements of `mid`, us, the peers whose announcements count)."""
         me = self.status.peer_id
-        announced = [(a.peer_id, a.round, a.digest) for a in read_module_holders(self.sdht, self.spec, mid)]
+        anns = read_module_holders(self.sdht, self.spec, mid)
+        self.note_clients(anns)
+        announced = [(a.peer_id, a.round, a.digest) for a in anns]
         # list(): one step under the GIL, so the chores thread (split watch) reads it while the training thread adds
         merged = {p for members in list(self.status.groups.get(mid, {}).values()) for p in members}
         return announced, me, counted_peers(merged, claim_holders, me, list(self.status.distrusted))
@@ -153,7 +159,8 @@ class StateSync:
                                "a majority of the module's holders announces ours" if ours else "no majority "
                                "of the module's holders announces another")
                 continue
-            rounds.resync_from[mid] = hint if hint in got.peers else got.peers[0]
+            servers = [p for p in got.peers if p not in self.clients] or list(got.peers)
+            rounds.resync_from[mid] = hint if hint in servers else servers[0]
             rounds.resync_expect[mid] = (got.round, got.digest)
         for mid, peer in list(rounds.resync_from.items()):
             if self.download(mid, peer, keep_progress=True, expect=rounds.resync_expect.pop(mid, None)):
@@ -161,10 +168,19 @@ class StateSync:
                 self.publish_local(mid)
             rounds.resync_from.pop(mid)
 
+    def note_clients(self, anns) -> None:
+        """Remember the announcers that cannot be dialed (protocol/reachability.py): never asked for state."""
+        for a in anns:
+            if a.client and len(self.clients) < MAX_CLIENTS:
+                self.clients.add(a.peer_id)
+
     def download(self, mid: str, peer: str, keep_progress: bool = False,
                  expect: tuple[int, str] | None = None) -> bool:
         """Adopt `peer`'s state of `mid` if it matches its own digest (and is `expect`'s (round, digest) when
         given: a state a majority vouched for); keep_progress: our local steps since our anchor stay on top."""
+        if peer in self.clients:  # behind NAT: it vouches for the state, it cannot serve it
+            logger.debug("not downloading %s from %s: it cannot be dialed", mid, peer[-8:])
+            return False
         timeout_s = self.spec.averaging.timeout_s
         got = self.net.run(self.exchange.fetch_state(peer, mid, timeout_s), timeout_s + 5)
         if got is None:

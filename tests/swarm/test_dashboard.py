@@ -59,7 +59,8 @@ def page_numbers(driver) -> dict:
                                                 agree: cell(tr, "replicas-agree")};
         }
         for (const tr of document.querySelectorAll("#paths tbody tr")) {
-          paths[tr.firstChild.textContent] = {nodes: cell(tr, "nodes"), round: cell(tr, "round"), loss: cell(tr, "loss")};
+          paths[tr.firstChild.textContent] = {nodes: cell(tr, "nodes"), round: cell(tr, "round"),
+                                              loss: cell(tr, "loss")};
         }
         return {modules, paths, nodes: document.getElementById("total-nodes").textContent,
                 tokens: document.getElementById("total-tokens-trained").textContent,
