@@ -105,6 +105,7 @@ def test_join_refuses_a_wrong_id_and_needs_a_peer(spec, tmp_path, home):
     assert "64 hex characters" in line
 
 
+@pytest.mark.slow  # with the slow ones (`make test-slow`, in CI after the default suite)
 def test_several_bootstrap_peers_any_one_suffices(spec, tmp_path, home):
     spec_path = tmp_path / "swarm.toml"
     spec_path.write_text(spec.to_toml())
@@ -145,6 +146,7 @@ def _can_unshare_network() -> bool:
 
 @pytest.mark.skipif(not _can_unshare_network(),
                     reason="needs `unshare -n` (root): hivemind-dht probes the LAN gateway outside a private netns")
+@pytest.mark.slow  # with the slow ones (`make test-slow`, in CI after the default suite)
 def test_a_plain_hivemind_dht_peer_is_a_valid_initial_peer(spec, tmp_path, home):
     spec_path = tmp_path / "swarm.toml"
     spec_path.write_text(spec.to_toml())
