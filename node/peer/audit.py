@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -57,6 +58,13 @@ class _Check:
     future: Future
 
 
+def audit_group_size(contributors: Iterable[str], holders: Iterable[str]) -> int:
+    """The group size the audit probability divides by: the round's contributors that we also know as the module's
+    holders from the claims. A reducer that lists frames of ids nobody claims (sybil frames are cheap to make)
+    cannot lower our odds of auditing it; a member our view has not caught up with yet only raises them."""
+    return max(1, len(set(contributors) & set(holders)))
+
+
 class Auditor:
     """Audits other reducers' rounds and checks alerts. Driven by the training thread (`record`, `poll`)."""
 
@@ -69,9 +77,10 @@ class Auditor:
         self.alerted: set[tuple[str, int]] = set()  # (module, round) whose alert we checked: one check per round
         self.rng = random.SystemRandom()
 
-    def record(self, module: str, result: RoundResult, reference: float, own: tuple[int, bytes]) -> None:
+    def record(self, module: str, result: RoundResult, reference: float, own: tuple[int, bytes],
+               holders: Iterable[str] = ()) -> None:
         """A round we are about to apply: remember it, and audit it at random when another peer reduced it.
-        `own`: the (tokens, frame) we sent for it."""
+        `own`: the (tokens, frame) we sent for it; `holders`: the module's holders in our view of the claims."""
         reducer = result.reducer
         if not reducer or reducer == self.status.peer_id or not result.frames:
             return
@@ -82,7 +91,7 @@ class Auditor:
             del self.received[(module, old)]
             self.alerted.discard((module, old))  # an alert about a round we no longer hold is ignored anyway
         rate = self.cfg.audit_rate
-        if rate > 0 and self.rng.random() < min(1.0, rate / max(1, len(result.contributors))):
+        if rate > 0 and self.rng.random() < min(1.0, rate / audit_group_size(result.contributors, holders)):
             self._fetch(module, result.round, reducer, None)
 
     def _fetch(self, module: str, round_: int, source: str, alert: Alert | None) -> None:

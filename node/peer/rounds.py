@@ -50,6 +50,8 @@ class Rounds:
         self.worker, self.exchange, self.net = worker, exchange, net
         self.publish_local = publish_local
         self.in_flight: dict[str, InFlight] = {}
+        self.holders: dict[str, list[str]] = {}
+        """Module → its holders in the claims as of the last send."""
         # module → tokens whose steps stayed in our local weights without being merged (a late, failed or
         # skipped round): the next outer gradient of that module carries those steps, so it counts them too.
         self.carry: dict[str, int] = {}
@@ -69,6 +71,7 @@ class Rounds:
     def send(self, groups: Groups) -> None:
         """Every module's outer gradient to its reducer; the rounds run in the background. Who reduces follows from
         the last round's result (the module state's `reducers`), else, before any, from the claims."""
+        self.holders = groups.holders  # the audit's group size counts these, not the size a reducer reports
         tokens = self.worker.round_tokens
         timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
         audits_by = time.monotonic() + self.spec.averaging.grace_s  # our pending audits hold the send this long
@@ -126,7 +129,8 @@ class Rounds:
         discard = self.cfg.sync_rounds and result.reason.startswith(RANK_LOST)
         if result.applicable and result.reducer and result.reducer != self.status.peer_id:
             # before settle: the round rule's history norm is the momentum's before this round's mean moves it
-            self.auditor.record(mid, result, reference_norm(st), (item.sent.tokens, item.sent.frame))
+            self.auditor.record(mid, result, reference_norm(st), (item.sent.tokens, item.sent.frame),
+                                self.holders.get(mid, ()))
         done = settle(st, item.sent, self.worker.flat(mid), result.status, result.round,
                       result.mean_frame if result.applicable else b"", result.digest_after, self.spec.outer,
                       codec=self.spec.codec, discard=discard, next_reducers=result.reducers)

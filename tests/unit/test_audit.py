@@ -151,3 +151,14 @@ def test_a_member_stops_trusting_a_reducer_that_misreports_its_frame_unless_it_r
         assert result.status == "failed" and "misreported" in result.reason and PEER in ex.distrusted
     ex, restarted = contribute(reply(5, b"the frame sent before the restart"), fresh=True)
     assert restarted.status == "merged" and not ex.distrusted
+
+
+def test_the_audit_odds_count_contributors_we_know_as_holders_not_the_reducers_list():
+    from pathswarm.node.peer.audit import audit_group_size
+
+    honest = ["QmA", "QmB", "QmMe"]
+    sybils = [f"QmSybil{i}" for i in range(50)]
+    assert audit_group_size(honest, honest) == 3
+    # fifty frames of ids nobody claims do not cut our odds from 1/3 to 1/53
+    assert audit_group_size(honest + sybils, honest) == 3
+    assert audit_group_size([], []) == 1

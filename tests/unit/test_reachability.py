@@ -49,3 +49,4 @@ def test_clients_are_never_reducer_candidates_unless_a_module_has_no_one_else():
     # a client alone on its modules closes its own rounds
     alone = groups_of(view_of(claims[:1], spec, mids, "QmHome"), "QmHome", 3, client=True)
     assert alone.reducible["shared"] == ["QmHome"] and alone.genesis["shared"] == ("QmHome",)
+
