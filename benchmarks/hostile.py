@@ -9,14 +9,20 @@ third node (path 1.0: it shares `shared`) joins a third of the way in and trains
   digest), announces it, and sends node a contributions claiming that round for the whole run (before the vouching
   rule both the victim and the node that joins mid-run adopted the forged state);
 - `dht-stuffing`: tests/hostile_dht.py, every 5 s, writes a key outside the swarm, a claim that expires in four
-  months, an oversized announcement and two forgeries of the bootstrap peer's served swarm.
+  months, an oversized announcement and two forgeries of the bootstrap peer's served swarm;
+- `lying-reducer`: a third node on path 0.0 (tests/lying_node.py), its peer id ground to sort before the honest
+  ones so that it reduces `shared` and `L0M0` from round 0, sends its group the sign-flipped mean of every round
+  that merges three contributions; the honest nodes audit at the default rate (`--audit-rate 0.2`: each audits a
+  round with probability 0.2 / 3), so the lie goes on until an audit catches it;
+- `flood`: tests/hostile_flood.py floods node a for the whole run, 8 requests at a time, every kind its exchange
+  serves (state downloads left unread, junk contributions, stance questions, audit-frame requests).
 Contributions with bounded, scaled, sign-flipped, NaN or wrong-shape outer gradients are measured by
 benchmarks/byzantine.py on the node's round rule (a simulator: it needs no network to show the screen's effect).
 
 Per arm and honest node: final validation loss (mean over repeats, and each repeat), its ratio to the clean arm,
 rounds failed, bytes sent + received, replica mismatches, exit codes. JSON + a PNG of the ratios.
 
-    python benchmarks/hostile.py                          # ≈ 12 min on 2 cores
+    python benchmarks/hostile.py                          # ≈ 20 min on 2 cores
     python benchmarks/hostile.py --rounds 10 --repeats 1  # a quick look
 
 Goal (issue 17): each attack's honest loss within 2 % of the clean run's, replicas identical, no node crashed.
@@ -24,6 +30,7 @@ Goal (issue 17): each attack's honest loss within 2 % of the clean run's, replic
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -42,7 +49,7 @@ from pathswarm.protocol.spec import AveragingSpec, DataSpec, InnerOptSpec, Model
 
 H, STEPS_PER_S, BATCH, CONTEXT = 10, 5, 4, 32
 HONEST = {"a": "0.0", "b": "0.1"}
-ARMS = ("clean", "forged-state", "dht-stuffing")
+ARMS = ("clean", "forged-state", "dht-stuffing", "lying-reducer", "flood")
 GOAL = 0.02
 
 
@@ -58,19 +65,45 @@ def pace() -> list[str]:
     return ["--max-tokens-per-s", str(STEPS_PER_S * BATCH * CONTEXT)]
 
 
+def ground_identities(root: Path, first: str, others: list[str]) -> dict[str, Path]:
+    """Identity files whose `first` peer id sorts before every one of `others` (a few tries: ids are cheap)."""
+    from pathswarm.protocol.identity import ensure_identity, peer_id_of_identity
+
+    keys = {n: root / f"{n}.key" for n in (first, *others)}
+    for n in others:
+        ensure_identity(keys[n])
+    while True:
+        keys[first].unlink(missing_ok=True)
+        ensure_identity(keys[first])
+        if all(peer_id_of_identity(keys[first]) < peer_id_of_identity(keys[n]) for n in others):
+            return keys
+
+
 def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
     workdir.mkdir(parents=True)
     spec_path = workdir / "swarm.toml"
     spec_path.write_text(spec_text())
     hostile: subprocess.Popen | None = None
     stop = threading.Event()
+    keys = ground_identities(workdir, "liar", list(HONEST)) if arm == "lying-reducer" else {}
     with LocalSwarm(spec_path, workdir / "run") as swarm:
         swarm.start_bootstrap()
         for i, (name, path) in enumerate(HONEST.items()):
-            swarm.start_node(name, path=path, max_rounds=rounds, seed=i, extra=["--wait-peers", "2", *pace()])
+            ident = ["--identity", str(keys[name])] if keys else []
+            swarm.start_node(name, path=path, max_rounds=rounds, seed=i,
+                             extra=["--wait-peers", "3" if keys else "2", *pace(), *ident])
+        if arm == "lying-reducer":  # holds `shared` and `L0M0` with a and b; lies in rounds that merge all three
+            swarm.start_node("liar", path="0.0", max_rounds=rounds, seed=7, entry=["-m", "tests.lying_node", "3"],
+                             extra=["--wait-peers", "3", *pace(), "--identity", str(keys["liar"])])
         for name in HONEST:
             swarm.wait_ready(name)
-        if arm == "forged-state":
+        if arm == "flood":
+            seconds = rounds * H / STEPS_PER_S + 30
+            hostile = subprocess.Popen(
+                [sys.executable, "-m", "tests.hostile_flood", str(spec_path), swarm.maddr,
+                 str(swarm.node_files("a")["status.json"]), str(workdir / "flood.json"), str(seconds)],
+                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        elif arm == "forged-state":
             seconds = rounds * H / STEPS_PER_S + 30
             hostile = subprocess.Popen(
                 [sys.executable, "-m", "tests.hostile_peer", str(spec_path), swarm.maddr,
@@ -95,6 +128,8 @@ def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
         if hostile is not None:
             hostile.kill()
         st = {n: swarm.status(n) or {} for n in names}
+        liar = swarm.status("liar") if arm == "lying-reducer" else None
+        lies = (workdir / "run" / "liar.log").read_text().count("LYING") if liar is not None else None
     mismatches, compared = replica_mismatches(list(st.values()))
     forged = read_json(str(workdir / "hostile.json")) if (workdir / "hostile.json").exists() else None
     return {
@@ -106,6 +141,10 @@ def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
         "forged_state_adopted": None if forged is None else any(
             forged["forged_digest"] in s.get("history", {}).get("shared", {}).values() for s in st.values()),
         "victim_answers": None if forged is None else forged["answers"],
+        "rounds_lied": lies,
+        "liar_caught_by": None if liar is None else sorted(
+            n for n in HONEST if liar.get("peer_id", "?") in st[n].get("distrusted", {})),
+        "flood": read_json(str(workdir / "flood.json")) if (workdir / "flood.json").exists() else None,
     }
 
 
@@ -115,8 +154,8 @@ def plot(result: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
-    attacks = [a for a in ARMS if a != "clean"]
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    attacks = [a for a in ARMS if a != "clean" and a in result["arms"]]
     width = 0.35
     for j, node in enumerate(HONEST):
         ratios = [result["arms"][a]["loss_ratio"][node] for a in attacks]
@@ -141,6 +180,7 @@ def main() -> None:
         plot(read_json(args.json), args.plot)
         return
     t0 = time.monotonic()
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # tests.*
     runs: dict[str, list[dict]] = {a: [] for a in ARMS}
     with tempfile.TemporaryDirectory(prefix="pathswarm-hostile-") as tmp:
         for rep in range(args.repeats):
@@ -161,6 +201,9 @@ def main() -> None:
             "crashed": sum(c != 0 for r in rs for c in r["exit_codes"].values()),
             "forged_state_adopted": any(r["forged_state_adopted"] for r in rs),
             "victim_answers": [r["victim_answers"] for r in rs if r["victim_answers"] is not None],
+            "rounds_lied": [r["rounds_lied"] for r in rs if r["rounds_lied"] is not None],
+            "liar_caught_by": [r["liar_caught_by"] for r in rs if r["liar_caught_by"] is not None],
+            "flood_requests_sent": [sum(r["flood"]["sent"].values()) for r in rs if r["flood"]],
         }
     attacks = [a for a in ARMS if a != "clean"]
     meets = all(max(arms[a]["loss_ratio"].values()) <= 1 + GOAL and arms[a]["replica_mismatches"] == 0

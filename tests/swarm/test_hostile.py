@@ -27,13 +27,15 @@ pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
 PATHS = {"a": "0.0", "b": "0.1"}  # both hold `shared` and L0M0
 ROUNDS = 10
-JOINER = {"name": "c", "path": "1.0", "rounds": 3}  # shares `shared` with a and b, trains other data
+JOINER = {"name": "c", "path": "0.0", "rounds": 3}  # joins a's path: holds every module a holds, `shared` with b
 # Honest loss may end at most this much above the clean run's, node by node. Every arm has the same joiner, started
-# once node a has trained a round: a node joining with an untrained L0M1 sends large outer gradients of `shared` that
-# cost a and b about 0.3 of loss in 10 rounds, so a clean arm without it is not comparable (CI once ended a at 2.93
-# against a joiner-free clean 2.23). Clean runs spread by about 10 % from network timing alone (where the overlapped
-# outer step lands in the next round's inner steps), more under the full suite's load. A forged state (anchor 1e3)
-# ends far above; the 2 % goal is measured over longer, repeated runs by benchmarks/hostile.py (1.006-1.008).
+# once node a has trained a round. It joins a trained path: a joiner on path 1.0 brings an untrained L0M1, and its
+# outer gradients of `shared` and L1M0, made through that random module, cost a up to 0.7 of loss in 10 rounds, by
+# chance, even with the same joiner in the clean arm (a ended at 2.29-2.94 against a clean 2.23-2.29 in five runs):
+# a weakness of joining (the closing notes carry it), not an attack. Clean runs spread by about 10 % from network
+# timing alone (where the overlapped outer step lands in the next round's inner steps), more under the full suite's
+# load. A forged state (anchor 1e3) ends far above; the 2 % goal is measured over longer, repeated runs by
+# benchmarks/hostile.py (1.006-1.008).
 LOSS_TOLERANCE = 0.25
 # Every node audits every round it did not reduce (1 in 8 otherwise, in a group of 2 or 3): a lying reducer is
 # caught in the round it lies, and every arm pays the same audits.
