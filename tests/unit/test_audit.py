@@ -162,3 +162,32 @@ def test_the_audit_odds_count_contributors_we_know_as_holders_not_the_reducers_l
     # fifty frames of ids nobody claims do not cut our odds from 1/3 to 1/53
     assert audit_group_size(honest + sybils, honest) == 3
     assert audit_group_size([], []) == 1
+
+
+def test_a_new_reducers_first_rounds_are_audited_for_certain_then_at_random():
+    from pathswarm.node.peer.audit import NEW_REDUCER_AUDITS, Auditor
+    from pathswarm.node.peer.config import NodeConfig, NodeStatus
+    from pathswarm.protocol.exchange import RoundResult
+
+    def auditor(rate: float) -> tuple[Auditor, list]:
+        a = Auditor(NodeConfig(spec=SwarmSpec(name="audit"), audit_rate=rate), NodeStatus(peer_id="QmMe"), None, None)
+        fetched: list = []
+        a._fetch = lambda module, r, source, alert: fetched.append(r)  # the download itself is tested end to end
+        a.rng.random = lambda: 0.999  # a draw that random auditing at rate 0.2 never takes
+        return a, fetched
+
+    def result(r: int, reducer: str = "QmR") -> RoundResult:
+        return RoundResult("shared", r, "merged", b"x", ["QmMe", reducer, "QmB"], 10, "ab", reducer=reducer,
+                           frames=(("QmMe", 5, "00"), (reducer, 5, "11")))
+
+    a, fetched = auditor(0.2)
+    for r in range(1, 6):
+        a.record("shared", result(r), 1.0, (5, b"x"), ["QmMe", "QmR", "QmB"])
+    assert fetched == [1, 2, 3, 4, 5]  # none passed yet: every round is audited
+    a.passed["QmR"] = NEW_REDUCER_AUDITS
+    a.record("shared", result(6), 1.0, (5, b"x"), ["QmMe", "QmR", "QmB"])
+    a.record("shared", result(7, "QmNew"), 1.0, (5, b"x"), ["QmMe", "QmNew", "QmB"])
+    assert fetched == [1, 2, 3, 4, 5, 7]  # the seasoned reducer at random (not drawn), the new one for certain
+    a, fetched = auditor(0.0)
+    a.record("shared", result(1), 1.0, (5, b"x"), [])
+    assert fetched == []  # --audit-rate 0: never
