@@ -80,17 +80,22 @@ class Auditor:
         self.false_alerts: dict[str, int] = {}
         self.alerted: set[tuple[str, int]] = set()  # (module, round) whose alert we checked: one check per round
         self.rng = random.SystemRandom()
+        self._verified: dict[tuple[str, int], bool] = {}  # (module, round) a check before applying found right
         self.passed: dict[str, int] = {}
         """Reducer → audits of its rounds that found its mean right (its first NEW_REDUCER_AUDITS rounds are all
         audited). Bounded: only peers that reduced rounds for us."""
 
     def record(self, module: str, result: RoundResult, reference: float, own: tuple[int, bytes],
-               holders: Iterable[str] = ()) -> None:
-        """A round we are about to apply: remember it, and audit it at random when another peer reduced it.
-        `own`: the (tokens, frame) we sent for it; `holders`: the module's holders in our view of the claims."""
+               holders: Iterable[str] = ()) -> str:
+        """A round we are about to apply: remember it, and audit it when another peer reduced it: a reducer's first
+        NEW_REDUCER_AUDITS rounds now, before the mean is applied, later ones at random in the background.
+        `own`: the (tokens, frame) we sent for it; `holders`: the module's holders in our view of the claims.
+
+        Returns why the round must not be applied ("" when it may): its mean is not what its frames give, or a
+        reducer not yet audited did not serve them."""
         reducer = result.reducer
         if not reducer or reducer == self.status.peer_id or not result.frames:
-            return
+            return ""
         mine = self.status.peer_id in {p for p, _, _ in result.frames}
         self.received[(module, result.round)] = Received(reducer, result.frames, result.mean_frame, reference,
                                                          tuple(result.contributors), own if mine else None)
@@ -98,10 +103,33 @@ class Auditor:
             del self.received[(module, old)]
             self.alerted.discard((module, old))  # an alert about a round we no longer hold is ignored anyway
         rate = self.cfg.audit_rate
-        odds = 1.0 if self.passed.get(reducer, 0) < NEW_REDUCER_AUDITS else \
-            min(1.0, rate / audit_group_size(result.contributors, holders))
-        if rate > 0 and self.rng.random() < odds:
+        if rate <= 0:
+            return ""
+        if self.passed.get(reducer, 0) < NEW_REDUCER_AUDITS:
+            return self._verify_now(module, result.round, reducer)
+        if self.rng.random() < min(1.0, rate / audit_group_size(result.contributors, holders)):
             self._fetch(module, result.round, reducer, None)
+        return ""
+
+    def _verify_now(self, module: str, round_: int, reducer: str) -> str:
+        """Audit a round before it is applied (the training thread waits for the download: a reducer's first rounds
+        only). A lie is then never applied here; neither is the round of a reducer that does not show its frames."""
+        timeout = self.spec.averaging.timeout_s
+        listed = frozenset(p for p, _, _ in self.received[(module, round_)].listed)
+        fut = self.net.submit(self.exchange.audits.fetch_frames(reducer, module, round_, timeout, listed,
+                                                                skip=self.status.peer_id))
+        try:
+            fut.result(timeout + 5)
+        except Exception:  # the check below reads the failure from the future
+            pass
+        proof = self._check(_Check(module, round_, reducer, None, fut))
+        if proof:
+            return proof
+        if reducer in self.exchange.distrusted:  # proven a liar meanwhile (in another module's round, say)
+            return f"{reducer[-8:]} is not trusted: {self.exchange.distrusted[reducer]}"
+        if not self._verified.pop((module, round_), False):
+            return f"{reducer[-8:]} did not show the frames of {module} round {round_}, and it is not audited yet"
+        return ""
 
     def _fetch(self, module: str, round_: int, source: str, alert: Alert | None) -> None:
         timeout = self.spec.averaging.timeout_s
@@ -148,14 +176,15 @@ class Auditor:
                        alert.reducer[-8:], alert.module, alert.round)
         self._fetch(alert.module, alert.round, alert.sender, alert)
 
-    def _check(self, check: _Check) -> None:
+    def _check(self, check: _Check) -> str:
+        """Check one download; returns the proof's reason when it proved the round's reducer a liar, else ""."""
         got = self.received.get((check.module, check.round))
         try:
             frames = check.future.result()
         except Exception:
             frames = None
         if got is None or got.reducer in self.exchange.distrusted:
-            return
+            return ""
         proof = None
         if frames is not None:
             if got.own is not None:
@@ -171,23 +200,25 @@ class Auditor:
             if frames is None:
                 logger.info("audit of %s round %d: no frames from its reducer %s", check.module, check.round,
                             got.reducer[-8:])
-                return
+                return ""
             self.status.audits += 1
         elif proof is None and frames is None:
             self.alerted.discard((check.module, check.round))  # could not download: another alert may try again
-            return
+            return ""
         elif proof is None:
             self.false_alerts[check.source] = self.false_alerts.get(check.source, 0) + 1
             logger.warning("alert from %s about %s round %d not confirmed", check.source[-8:], check.module,
                            check.round)
-            return
+            return ""
         if proof is None:
             if check.alert is None and len(self.passed) < 4096:
                 self.passed[got.reducer] = self.passed.get(got.reducer, 0) + 1
-            return
+                self._verified[(check.module, check.round)] = True
+            return ""
         reason = f"its mean of {check.module} round {check.round} is not what its frames give: {proof}"
         self.exchange.distrust(got.reducer, reason)
         self.exchange.audits.store.keep(check.module, check.round, frames)  # the proof, for those we alert
         others = [p for p in got.contributors if p not in (self.status.peer_id, got.reducer, check.source)]
         if others:
             self.net.submit(self.exchange.audits.send_alert(others, check.module, check.round, got.reducer, 10.0))
+        return reason

@@ -8,6 +8,7 @@ us, and re-syncs when our replica is not the group's.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -129,8 +130,10 @@ class Rounds:
         discard = self.cfg.sync_rounds and result.reason.startswith(RANK_LOST)
         if result.applicable and result.reducer and result.reducer != self.status.peer_id:
             # before settle: the round rule's history norm is the momentum's before this round's mean moves it
-            self.auditor.record(mid, result, reference_norm(st), (item.sent.tokens, item.sent.frame),
-                                self.holders.get(mid, ()))
+            refused = self.auditor.record(mid, result, reference_norm(st), (item.sent.tokens, item.sent.frame),
+                                          self.holders.get(mid, ()))
+            if refused:  # checked before applying, and not to be applied: the round failed for us, our steps carry
+                result = dataclasses.replace(result, status="failed", reason=f"not applied: {refused}"[:300])
         done = settle(st, item.sent, self.worker.flat(mid), result.status, result.round,
                       result.mean_frame if result.applicable else b"", result.digest_after, self.spec.outer,
                       codec=self.spec.codec, discard=discard, next_reducers=result.reducers)

@@ -172,7 +172,9 @@ def test_a_new_reducers_first_rounds_are_audited_for_certain_then_at_random():
     def auditor(rate: float) -> tuple[Auditor, list]:
         a = Auditor(NodeConfig(spec=SwarmSpec(name="audit"), audit_rate=rate), NodeStatus(peer_id="QmMe"), None, None)
         fetched: list = []
-        a._fetch = lambda module, r, source, alert: fetched.append(r)  # the download itself is tested end to end
+        # the downloads themselves are tested end to end (tests/swarm/test_hostile.py)
+        a._fetch = lambda module, r, source, alert: fetched.append(("later", r))
+        a._verify_now = lambda module, r, reducer: fetched.append(("now", r)) or ("a lie" if r == 99 else "")
         a.rng.random = lambda: 0.999  # a draw that random auditing at rate 0.2 never takes
         return a, fetched
 
@@ -181,13 +183,17 @@ def test_a_new_reducers_first_rounds_are_audited_for_certain_then_at_random():
                            frames=(("QmMe", 5, "00"), (reducer, 5, "11")))
 
     a, fetched = auditor(0.2)
-    for r in range(1, 6):
-        a.record("shared", result(r), 1.0, (5, b"x"), ["QmMe", "QmR", "QmB"])
-    assert fetched == [1, 2, 3, 4, 5]  # none passed yet: every round is audited
+    assert [a.record("shared", result(r), 1.0, (5, b"x"), ["QmMe", "QmR", "QmB"]) for r in range(1, 4)] == [""] * 3
+    assert fetched == [("now", 1), ("now", 2), ("now", 3)]  # none passed yet: checked before being applied
+    assert a.record("shared", result(99), 1.0, (5, b"x"), []) == "a lie"  # the caller does not apply it
     a.passed["QmR"] = NEW_REDUCER_AUDITS
+    fetched.clear()
     a.record("shared", result(6), 1.0, (5, b"x"), ["QmMe", "QmR", "QmB"])
     a.record("shared", result(7, "QmNew"), 1.0, (5, b"x"), ["QmMe", "QmNew", "QmB"])
-    assert fetched == [1, 2, 3, 4, 5, 7]  # the seasoned reducer at random (not drawn), the new one for certain
+    assert fetched == [("now", 7)]  # the seasoned reducer at random (not drawn this time), the new one for certain
+    a.rng.random = lambda: 0.0
+    a.record("shared", result(8), 1.0, (5, b"x"), ["QmMe", "QmR", "QmB"])
+    assert fetched[-1] == ("later", 8)  # drawn: audited in the background, applied meanwhile
     a, fetched = auditor(0.0)
     a.record("shared", result(1), 1.0, (5, b"x"), [])
     assert fetched == []  # --audit-rate 0: never
