@@ -43,10 +43,10 @@ def url_in(path, what: str) -> str:
 
 
 def text_of(driver, css: str) -> str:
-    from selenium.webdriver.common.by import By
-
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return found[0].text if found else ""
+    """The text of the first element `css` selects ("" when none), read in one script: the page replaces its rows at
+    every refresh, so an element found first and read after may be gone."""
+    return driver.execute_script("const e = document.querySelector(arguments[0]); return e ? e.textContent : '';",
+                                 css)
 
 
 def page_numbers(driver) -> dict:
@@ -125,19 +125,23 @@ def test_the_dashboard_shows_the_swarm_live_in_a_browser(tmp_path, monkeypatch):
             wait_until(lambda: text_of(driver, "#node-peer") == peer_a and text_of(driver, "#node-round").isdigit()
                        and int(text_of(driver, "#node-round")) >= 1, 90, "node a's page to show its round")
             r = int(text_of(driver, "#node-round"))
-            wait_until(lambda: int(text_of(driver, "#node-round") or 0) > r, 90, "node a's page to follow its rounds")
+            wait_until(lambda: (t := text_of(driver, "#node-round")).isdigit() and int(t) > r, 90,
+                       "node a's page to follow its rounds")
             assert peer_a[-8:] in text_of(driver, "#node-groups tbody")
             node_metrics = get(node_url + "metrics").decode()
             assert re.search(r"^pathswarm_node_round \d+", node_metrics, re.M)
             assert re.search(r"^pathswarm_swarm_nodes 2\.0$", node_metrics, re.M)
+            errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]  # (reading them clears them)
+            assert not errors, errors
 
-            # Stop the nodes: the records stand still, and the page, /api/status and `swarm status --json` agree
+            # Back to the swarm's page (the node's would log its server's end as an error), and stop the nodes: the
+            # records stand still, and the page, /api/status and `swarm status --json` agree
+            driver.get(url)
             for name in ("a", "b"):
                 swarm.signal(name, signal.SIGTERM)
             assert swarm.wait_nodes(["a", "b"], timeout_s=90) == {"a": 0, "b": 0}
             with pytest.raises((urllib.error.URLError, ConnectionError)):
                 get(node_url, timeout=3)  # the node's dashboard left with it
-            driver.get(url)
             out = tmp_path / "status.json"
 
             def agree():
@@ -160,7 +164,7 @@ def test_the_dashboard_shows_the_swarm_live_in_a_browser(tmp_path, monkeypatch):
             assert samples["pathswarm_swarm_sent_bytes_total"] == api["totals"]["bytes_sent"]
             assert samples["pathswarm_swarm_tokens_trained_total"] == api["totals"]["tokens_trained"]
 
-            # Nothing beyond this origin was ever requested, and the page logged no error
+            # Nothing beyond this origin was requested, and the page logged no error
             origin = url.rstrip("/")
             resources = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
             assert resources and all(r.startswith(origin + "/") for r in resources), resources
