@@ -283,7 +283,9 @@ class ModuleExchange:
             module = field_of(header, "module", str)
             if module not in self.numels:
                 raise WireError(f"unknown module {module!r}")
-            if header.get("client") is True and len(self.clients) < MAX_CLIENTS:
+            if header.get("client") is not True:
+                self.clients.discard(sender)  # its latest word: a restart may have made it reachable
+            elif len(self.clients) < MAX_CLIENTS:
                 self.clients.add(sender)  # never named a reducer candidate: nobody could dial it
             # The frame follows in a second message, bounded by this module's size.
             _, frame = await read_message(reader, self._frame_limit(module), self.traffic)

@@ -146,7 +146,8 @@ async def ask(streams, peer: str, ports: list[int], timeout_s: float = ASK_TIMEO
 
 
 async def probe(streams, peers: list[str], ports: list[int], want: int = 1) -> list[DialBack]:
-    """Ask `peers` in turn until `want` of them answered; the answers (empty: nobody did)."""
+    """Ask `peers` in turn until `want` of them answered; the answers (empty: nobody did). Two answers keep one
+    lying peer from deciding alone that we cannot be dialed (`verdict`: any connection means reachable)."""
     answers: list[DialBack] = []
     for peer in peers:
         try:

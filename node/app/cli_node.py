@@ -117,6 +117,9 @@ def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[s
               help="Train on this directory's .txt/.jsonl documents instead of the spec's corpus.")
 @click.option("--host-maddr", "host_maddrs", multiple=True, default=("/ip4/127.0.0.1/tcp/0",), show_default=True,
               help="Where to listen, e.g. /ip4/0.0.0.0/tcp/31337 to accept peers from other machines.")
+@click.option("--announce-maddr", "announce_maddrs", multiple=True,
+              help="Address other machines reach this node at, e.g. /ip4/203.0.113.7/tcp/31337 (a port forwarded "
+                   "by a home router to the --host-maddr port).")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
               help="Checkpoint root: resumed from at start, written after every round.")
 @click.option("--init", "init_dir", type=click.Path(file_okay=False, exists=True), default=None,
@@ -163,7 +166,8 @@ def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[s
 @friendly
 def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], membership_file: str | None,
              identity: str | None, path: str, device: str, data_dir: str | None,
-             host_maddrs: tuple[str, ...], checkpoint_dir: str | None, init_dir: str | None, ready_file: str | None,
+             host_maddrs: tuple[str, ...], announce_maddrs: tuple[str, ...], checkpoint_dir: str | None,
+             init_dir: str | None, ready_file: str | None,
              status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int,
              offline: bool, sync_rounds: bool, max_tokens_per_s: float, save_partial_s: float,
              audit_rate: float, optimizer: str | None, reachability: str, dashboard_port: int | None,
@@ -188,7 +192,7 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
 
     cfg = NodeConfig(spec=spec, initial_peers=tuple(initial_peers), path=path,
                      identity_path=identity_path, membership=membership, device=device, data_dir=data_dir or "",
-                     host_maddrs=tuple(host_maddrs),
+                     host_maddrs=tuple(host_maddrs), announce_maddrs=tuple(announce_maddrs),
                      checkpoint_dir=checkpoint_dir or "", init_dir=init_dir or "", ready_file=ready_file or "",
                      status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
                      wait_peers=wait_peers, offline=offline, sync_rounds=sync_rounds,

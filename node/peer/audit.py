@@ -35,6 +35,10 @@ NEW_REDUCER_AUDITS = 3
 """Rounds of a reducer we audit for certain before auditing it at random: a reducer that lies from its first round
 (a stranger that ground a small id, a newcomer at the head of the list) is caught in that round, not after the
 seven rounds on average that rate 0.2 in a group of 3 takes (benchmarks/hostile.py, `lying-reducer`)."""
+VERIFY_RETRY_S = (0.2, 1.0)
+"""Jittered pause before asking a reducer not yet audited for its frames again (it refused, busy, or timed out)."""
+MAX_PASSED = 4096
+"""Reducers whose passed audits are counted (a reducer past it is checked before applying every round: safe)."""
 FALSE_ALERTS_IGNORED = 3
 """A peer whose alerts were wrong this many times is not listened to again (each costs us a download)."""
 
@@ -80,7 +84,7 @@ class Auditor:
         self.false_alerts: dict[str, int] = {}
         self.alerted: set[tuple[str, int]] = set()  # (module, round) whose alert we checked: one check per round
         self.rng = random.SystemRandom()
-        self._verified: dict[tuple[str, int], bool] = {}  # (module, round) a check before applying found right
+        self._passed_now = False  # the last check found the mean right (read by _verify_now)
         self.passed: dict[str, int] = {}
         """Reducer → audits of its rounds that found its mean right (its first NEW_REDUCER_AUDITS rounds are all
         audited). Bounded: only peers that reduced rounds for us."""
@@ -113,27 +117,39 @@ class Auditor:
 
     def _verify_now(self, module: str, round_: int, reducer: str) -> str:
         """Audit a round before it is applied (the training thread waits for the download: a reducer's first rounds
-        only). A lie is then never applied here; neither is the round of a reducer that does not show its frames."""
-        timeout = self.spec.averaging.timeout_s
-        listed = frozenset(p for p, _, _ in self.received[(module, round_)].listed)
-        fut = self.net.submit(self.exchange.audits.fetch_frames(reducer, module, round_, timeout, listed,
-                                                                skip=self.status.peer_id))
-        try:
-            fut.result(timeout + 5)
-        except Exception:  # the check below reads the failure from the future
-            pass
-        proof = self._check(_Check(module, round_, reducer, None, fut))
-        if proof:
-            return proof
-        if reducer in self.exchange.distrusted:  # proven a liar meanwhile (in another module's round, say)
-            return f"{reducer[-8:]} is not trusted: {self.exchange.distrusted[reducer]}"
-        if not self._verified.pop((module, round_), False):
-            return f"{reducer[-8:]} did not show the frames of {module} round {round_}, and it is not audited yet"
-        return ""
+        only). A lie is then never applied here; neither is the round of a reducer that does not show its frames
+        within the averaging timeout (a download refused as busy, when a large group asks at once, is retried)."""
+        got = self.received.get((module, round_))
+        if got is None:
+            return ""
+        listed = frozenset(p for p, _, _ in got.listed)
+        deadline = time.monotonic() + self.spec.averaging.timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            fut = self.net.submit(self.exchange.audits.fetch_frames(reducer, module, round_, max(1.0, left), listed,
+                                                                    skip=self.status.peer_id))
+            try:
+                fut.result(max(1.0, left) + 5)
+            except Exception:  # the check below reads the failure from the future
+                pass
+            self._passed_now = False
+            proof = self._check(_Check(module, round_, reducer, None, fut))
+            if proof:
+                return proof
+            if reducer in self.exchange.distrusted:  # proven a liar meanwhile (in another module's round, say)
+                return f"{reducer[-8:]} is not trusted: {self.exchange.distrusted[reducer]}"
+            if self._passed_now:
+                return ""
+            if time.monotonic() + VERIFY_RETRY_S[1] >= deadline:
+                return f"{reducer[-8:]} did not show the frames of {module} round {round_}, and it is not audited yet"
+            time.sleep(self.rng.uniform(*VERIFY_RETRY_S))
 
     def _fetch(self, module: str, round_: int, source: str, alert: Alert | None) -> None:
         timeout = self.spec.averaging.timeout_s
-        listed = frozenset(p for p, _, _ in self.received[(module, round_)].listed)
+        got = self.received.get((module, round_))
+        if got is None:
+            return
+        listed = frozenset(p for p, _, _ in got.listed)
         fut = self.net.submit(self.exchange.audits.fetch_frames(source, module, round_, timeout, listed,
                                                                 skip=self.status.peer_id))
         self.checks.append(_Check(module, round_, source, alert, fut))
@@ -211,9 +227,10 @@ class Auditor:
                            check.round)
             return ""
         if proof is None:
-            if check.alert is None and len(self.passed) < 4096:
-                self.passed[got.reducer] = self.passed.get(got.reducer, 0) + 1
-                self._verified[(check.module, check.round)] = True
+            if check.alert is None:
+                self._passed_now = True
+                if got.reducer in self.passed or len(self.passed) < MAX_PASSED:
+                    self.passed[got.reducer] = self.passed.get(got.reducer, 0) + 1
             return ""
         reason = f"its mean of {check.module} round {check.round} is not what its frames give: {proof}"
         self.exchange.distrust(got.reducer, reason)

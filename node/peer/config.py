@@ -22,6 +22,8 @@ class NodeConfig:
     """Train on this directory's .txt/.jsonl documents instead of the spec's corpus."""
     host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
     """Where p2pd listens."""
+    announce_maddrs: tuple[str, ...] = ()
+    """Where other machines reach this node (a forwarded port on a home router); empty: where it listens."""
     checkpoint_dir: str = ""
     """Checkpoint root ('' for none)."""
     init_dir: str = ""

@@ -85,12 +85,12 @@ class Node:
         docs = load_documents(DataSpec(corpus="dir", path=cfg.data_dir) if cfg.data_dir else spec.data)
         train, val = split(docs, spec.data.val_fraction)
         clock.lap("data")
+        self.net = NetLoop()
         if not cfg.offline:
-            self.sdht = start_node_dht(cfg, spec)
+            self.sdht = start_node_dht(cfg, spec, self.net)
             self.status.reachable, self.status.client = self.sdht.reachable, self.sdht.client_mode
             self.claims = Claims(self.sdht, spec, self.stop_event, lambda: self.status.round, self._use_groups)
             clock.lap("dht")
-        self.net = NetLoop()
         if self.handle_signals:
             # After the DHT process is forked, so it does not inherit our handler (ParentBoundDHT also resets it).
             self._install_signal_handlers()

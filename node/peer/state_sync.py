@@ -171,7 +171,9 @@ class StateSync:
     def note_clients(self, anns) -> None:
         """Remember the announcers that cannot be dialed (protocol/reachability.py): never asked for state."""
         for a in anns:
-            if a.client and len(self.clients) < MAX_CLIENTS:
+            if not a.client:
+                self.clients.discard(a.peer_id)  # its latest announcement: it may have become reachable
+            elif len(self.clients) < MAX_CLIENTS:
                 self.clients.add(a.peer_id)
 
     def download(self, mid: str, peer: str, keep_progress: bool = False,

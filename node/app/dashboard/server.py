@@ -120,7 +120,7 @@ class Dashboard:
                 failure.append(e)
                 started.set()
                 return
-            started.set()
+            loop.call_soon(started.set)  # once the loop runs: a stop() from then on reaches it
             loop.run_forever()
             loop.run_until_complete(self._runner.cleanup())
             loop.close()
@@ -147,8 +147,11 @@ class Dashboard:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._loop is not None and self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+            except RuntimeError:  # closed meanwhile
+                pass
         for t in self._threads:
             t.join(timeout=10)
 
