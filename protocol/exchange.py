@@ -42,7 +42,7 @@ from pathswarm.protocol.audit import AuditService, FrameEntry, frame_hash, list_
 from pathswarm.protocol.clock import MONOTONIC, Clock
 from pathswarm.protocol.handlers import Budget, Guard
 from pathswarm.protocol.membership import MembershipError, gate_of
-from pathswarm.protocol.reducers import RIVAL, Stance, earlier, parse_candidates, successors
+from pathswarm.protocol.reducers import MAX_CANDIDATES, RIVAL, Stance, earlier, parse_candidates, successors
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.wire import (
     MAX_HEADER_BYTES,
@@ -528,6 +528,12 @@ class ModuleExchange:
             open_round.done.set()
             return
         reducers = successors(self.peer_id, closed.used, self.clients | ({self.peer_id} if self.client else set()))
+        if set(closed.used) == {self.peer_id} and len(self.genesis.get(module, ())) > 1:
+            # Alone in the round while the claims show other holders that may reduce: each side of a split (after a
+            # revocation, say) would otherwise name only itself and reduce itself round after round, the split watch
+            # healing one round while the next is already in flight. The claims' order is the same for every holder,
+            # so the sides meet at its head next round.
+            reducers = self.genesis[module][:MAX_CANDIDATES]
         merged = {p: open_round.frames[p] for p in closed.used}
         self.audits.store.keep(module, round_, merged)  # for members who audit the round
         after = None if closed.after is None else dataclasses.replace(closed.after, reducers=reducers)

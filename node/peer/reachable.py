@@ -1,8 +1,9 @@
 """A node's start on the DHT, reachable or as a client (protocol/reachability.py says what a client does).
 
 With `reachability = "auto"` the node joins as a full DHT peer, asks the peers it joined through to dial it back
-(until two answered, or one when it joined through one), and when those that answered could not connect (behind NAT, no forwarded port) it leaves and joins again in client
-mode, before it has claimed or announced anything. That costs a second start (2-3 s) on such machines only.
+(until two answered, or one when it joined through one), and when those that answered could not connect (behind
+NAT, no forwarded port) it leaves and joins again in client mode, before it has claimed or announced anything.
+That costs a second start (2-3 s) on such machines only.
 """
 
 from __future__ import annotations
