@@ -215,6 +215,8 @@ class ModuleExchange:
         self.skip_until: dict[str, float] = {}
         # module → who may reduce its round 0, from the claims (the node sets it): no result has named anyone yet
         self.genesis: dict[str, tuple[str, ...]] = {}
+        self.partners: dict[str, tuple[str, ...]] = {}
+        """Module → the holders we merged it with, and us, sorted: named next by a reducer alone in its round."""
         self.drop_reply: set[tuple[str, int]] = set()  # fault injection (tests): close these rounds' replies unsent
         self._checks: dict[tuple[str, int], asyncio.Future] = {}
         self._open: dict[tuple[str, int], _OpenRound] = {}
@@ -528,12 +530,13 @@ class ModuleExchange:
             open_round.done.set()
             return
         reducers = successors(self.peer_id, closed.used, self.clients | ({self.peer_id} if self.client else set()))
-        if set(closed.used) == {self.peer_id} and len(self.genesis.get(module, ())) > 1:
-            # Alone in the round while the claims show other holders that may reduce: each side of a split (after a
-            # revocation, say) would otherwise name only itself and reduce itself round after round, the split watch
-            # healing one round while the next is already in flight. The claims' order is the same for every holder,
-            # so the sides meet at its head next round.
-            reducers = self.genesis[module][:MAX_CANDIDATES]
+        if set(closed.used) == {self.peer_id} and len(self.partners.get(module, ())) > 1:
+            # Alone in the round while holders we have merged this module with may reduce: each side of a split
+            # (after a revocation, say) would otherwise name only itself and reduce itself round after round, the
+            # split watch healing one round while the next is already in flight. Both sides have merged with each
+            # other and name the same sorted list, so they meet at its head next round (node/peer/claims.py
+            # `partners_of`; a node that just joined, at another round of the module, is not in it).
+            reducers = self.partners[module][:MAX_CANDIDATES]
         merged = {p: open_round.frames[p] for p in closed.used}
         self.audits.store.keep(module, round_, merged)  # for members who audit the round
         after = None if closed.after is None else dataclasses.replace(closed.after, reducers=reducers)

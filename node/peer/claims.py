@@ -178,3 +178,21 @@ class Claims:
                 return
             self.stop_event.wait(0.5)
         logger.warning("only some of the %d peers waited for are here; training anyway", count)
+
+
+def partners_of(groups: Groups, merged: dict[str, dict[str, list[str]]], me: str) -> dict[str, tuple[str, ...]]:
+    """Module → the holders we have merged rounds of it with, that may reduce it, and ourselves, sorted: whom a
+    reducer alone in its round names for the next one (protocol/exchange.py). Both sides of a split (after a
+    revocation) have merged with each other and name the same list; a node that just joined, at another round of
+    the module, is not named."""
+    out = {}
+    for mid, reducible in groups.reducible.items():
+        seen: set[str] = set()
+        for _ in range(5):  # `merged` is the training thread's (status.groups): it may gain a round meanwhile
+            try:
+                seen = {p for peers in list(merged.get(mid, {}).values()) for p in peers}
+                break
+            except RuntimeError:
+                continue
+        out[mid] = tuple(sorted((set(reducible) & seen) | {me}))
+    return out

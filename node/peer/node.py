@@ -33,7 +33,7 @@ from pathswarm.node.model.data import DataSpec, TokenSampler, load_documents, sp
 from pathswarm.node.model.router import documents_of_path
 from pathswarm.node.peer.announce import Announcer
 from pathswarm.node.peer.background import Chores
-from pathswarm.node.peer.claims import Claims, Groups
+from pathswarm.node.peer.claims import Claims, Groups, partners_of
 from pathswarm.node.peer.config import CLAIMS_READ_S, ROUND1_SETTLE_S, NodeConfig, NodeStatus
 from pathswarm.node.peer.reachable import start_node_dht
 from pathswarm.node.peer.resume import PartialRounds
@@ -193,7 +193,8 @@ class Node:
     def _use_groups(self, groups: Groups) -> None:
         """Install freshly derived groups: holders for our sends, group sizes for the rounds we reduce."""
         self.groups = groups
-        self.exchange.genesis = groups.genesis  # one assignment: the network thread reads it
+        self.exchange.genesis, self.exchange.partners = groups.genesis, partners_of(groups, self.status.groups,
+                                                                                    self.status.peer_id)
         for mid, peers in groups.holders.items():
             if self.cfg.sync_rounds:
                 # A data-parallel job's world only grows: a dead worker still counts, and the round waits

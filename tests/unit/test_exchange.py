@@ -369,16 +369,16 @@ def test_a_contributor_asking_again_after_a_lost_reply_is_told_merged_not_late()
     assert stranger.status == "late" and stranger.reducers == first[0].reducers == ("reducer", "a", "b")
 
 
-def test_a_reducer_alone_in_its_round_names_the_claims_order_so_split_sides_meet_again():
+def test_a_reducer_alone_in_its_round_names_its_partners_so_split_sides_meet_again():
     """Two holders each reducing only themselves (the sides of a split after a revocation) would each name only
-    themselves for the next round; alone in a round, a reducer names the claims' order instead, the same for both.
-    With others in the round it names itself first, as before."""
+    themselves for the next round; alone in a round, a reducer names the holders it merged the module with (and
+    itself), sorted, instead: the same list for both. With others in the round it names itself first, as before."""
     async def go():
         got = {}
-        for case, genesis, others in (("alone", ("other", "reducer"), 0), ("no claims", (), 0),
+        for case, genesis, others in (("alone", ("other", "reducer"), 0), ("no partners", (), 0),
                                       ("with others", ("other", "reducer"), 1)):
             ex, mine = make_exchange(expected=1 + others)
-            ex.genesis = {"L0M0": genesis}
+            ex.partners = {"L0M0": genesis}
             fs = frames(2)
             results = await asyncio.gather(ex.reduce("L0M0", 0, "reducer", 10, mine.digest, fs[0]),
                                            *(ex.reduce("L0M0", 0, "other", 10, mine.digest, fs[1])
@@ -387,4 +387,4 @@ def test_a_reducer_alone_in_its_round_names_the_claims_order_so_split_sides_meet
         return got
 
     got = asyncio.run(go())
-    assert got == {"alone": ("other", "reducer"), "no claims": ("reducer",), "with others": ("reducer", "other")}
+    assert got == {"alone": ("other", "reducer"), "no partners": ("reducer",), "with others": ("reducer", "other")}

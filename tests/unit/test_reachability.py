@@ -50,3 +50,15 @@ def test_clients_are_never_reducer_candidates_unless_a_module_has_no_one_else():
     alone = groups_of(view_of(claims[:1], spec, mids, "QmHome"), "QmHome", 3, client=True)
     assert alone.reducible["shared"] == ["QmHome"] and alone.genesis["shared"] == ("QmHome",)
 
+
+
+def test_partners_are_holders_we_merged_with_not_every_claimant():
+    from pathswarm.node.peer.claims import Groups, partners_of
+
+    groups = Groups(holders={"shared": ["QmA", "QmB", "QmJoiner"]}, genesis={"shared": ("QmA", "QmB", "QmJoiner")},
+                    live={}, reducible={"shared": ["QmA", "QmB", "QmJoiner"]})
+    merged = {"shared": {"3": ["QmA", "QmB", "QmRevoked"], "4": ["QmA", "QmRevoked"]}}
+    # both sides of a split name the same list; the joiner we never merged with and the revoked peer (no claim) do not
+    assert partners_of(groups, merged, "QmA") == {"shared": ("QmA", "QmB")}
+    assert partners_of(groups, {"shared": {"3": ["QmA", "QmB"]}}, "QmB") == {"shared": ("QmA", "QmB")}
+    assert partners_of(groups, {}, "QmJoiner") == {"shared": ("QmJoiner",)}
