@@ -103,10 +103,12 @@ class DialBackServer:
     async def _on_request(self, caller: str, address: str, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         try:
+            # Read the request before any answer: a stream closed with its request unread may reset before the
+            # caller has read our reply.
+            header, _ = await read_message(reader, 0)
             if not self.limiter.allow(caller):
                 await write_message(writer, {"status": "refused", "reason": "rate limited"})
                 return
-            header, _ = await read_message(reader, 0)
             ports = parse_ports(header)
             host = observed_host(address)
             if host is None:
