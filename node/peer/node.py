@@ -21,7 +21,6 @@ complete round, withdraw the claim, exit 0.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
@@ -37,7 +36,7 @@ from pathswarm.node.peer.claims import Claims, Groups, partners_of
 from pathswarm.node.peer.config import CLAIMS_READ_S, ROUND1_SETTLE_S, NodeConfig, NodeStatus
 from pathswarm.node.peer.reachable import start_node_dht
 from pathswarm.node.peer.resume import PartialRounds
-from pathswarm.node.peer.rounds import Rounds, exchange_closer
+from pathswarm.node.peer.rounds import Rounds, exchange_closer, faults_from_env
 from pathswarm.node.peer.splits import Heal, SplitWatch, lost_since, split_verdict
 from pathswarm.node.peer.state_sync import StateSync
 from pathswarm.node.peer.status import PhaseClock, RoundWork, write_ready, write_status
@@ -164,7 +163,7 @@ class Node:
         self.net.run(self.exchange.start(), 30)
         self.sync = StateSync(spec, self.worker, self.status, self.exchange, self.net, self.sdht)
         self.rounds = Rounds(self.cfg, self.status, self.worker, self.exchange, self.net, self.sync.publish_local)
-        self.exchange.drop_reply = _faults_from_env()
+        self.exchange.drop_reply = faults_from_env()
         if not offline:  # any member can hand the spec to a machine joining with --join
             self.net.run(SpecServer([spec]).start(streams), 30)
             if not self.sdht.client_mode:  # tell joiners whether they can be dialed (protocol/reachability.py)
@@ -489,13 +488,3 @@ class Node:
                 self._write_status()  # rounds we closed for others until our network stopped count too
         if self.sdht is not None:
             self.sdht.shutdown()
-
-
-def _faults_from_env() -> set[tuple[str, int]]:
-    """Fault injection for tests: PATHSWARM_TEST_DROP_REPLY="MODULE:ROUND,…" makes this node, as the reducer of
-    those rounds, close its reply to their members unsent (as if the connection broke after the merge)."""
-    out = set()
-    for item in filter(None, os.environ.get("PATHSWARM_TEST_DROP_REPLY", "").split(",")):
-        module, _, round_ = item.rpartition(":")
-        out.add((module, int(round_)))
-    return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -201,3 +202,13 @@ def exchange_closer(spec: SwarmSpec) -> Closer:
         return Closed(c.mean_frame, c.used, c.tokens, c.rejected, after)
 
     return close
+
+
+def faults_from_env() -> set[tuple[str, int]]:
+    """Fault injection for tests: PATHSWARM_TEST_DROP_REPLY="MODULE:ROUND,…" makes this node, as the reducer of
+    those rounds, close its reply to their members unsent (as if the connection broke after the merge)."""
+    out = set()
+    for item in filter(None, os.environ.get("PATHSWARM_TEST_DROP_REPLY", "").split(",")):
+        module, _, round_ = item.rpartition(":")
+        out.add((module, int(round_)))
+    return out
