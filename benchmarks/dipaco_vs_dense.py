@@ -7,6 +7,10 @@ dense model as large as the whole swarm. Arms (all in node/train/simulate.py, sa
 - dipaco: levels 2x2 (4 paths: shared module + one module per level), one worker per path, each on the
   documents the router sends to it, H inner AdamW steps then the node's outer round (node/train/round.py: int8 +
   zstd, error feedback, robust mean, outer Nesterov after `[outer] warmup_rounds` of plain averaging);
+- dipaco-warm: the 2x2 swarm from a warm start, as the DiPaCo paper starts its paths from a pre-trained dense
+  model: node/train/warm_start.py trains round 0 of every module for --warm-start-steps synchronous steps at the
+  swarm's global batch (4 paths × batch; what `swarm init --warm-start-steps` does), then the swarm trains the
+  remaining rounds: the same tokens as every other arm; its spec starts the outer Nesterov at once;
 - dipaco-2x4: levels 2x4 (8 paths, its own router), the same per-path compute: the trend with more paths;
 - dense-path: a dense model of exactly one path's size (levels 1x1, same modules) trained with plain
   AdamW on all documents for the same steps × batch as each DiPaCo path (same per-path compute);
@@ -48,6 +52,7 @@ from pathswarm.node.train.checkpoint import load_checkpoint
 from pathswarm.node.train.evaluate import model_from_checkpoint
 from pathswarm.node.train.inner import evaluate_loss
 from pathswarm.node.train.simulate import SimConfig, run_simulation
+from pathswarm.node.train.warm_start import warm_started
 from pathswarm.protocol.spec import DataSpec, InnerOptSpec, ModelSpec, SwarmSpec, format_path
 
 EVAL_BATCH = 32
@@ -91,31 +96,44 @@ def score(spec: SwarmSpec, checkpoint_dir: str, groups: dict, routed: bool) -> d
             "per_topic": {t: v[0] / v[1] for t, v in sorted(per_topic.items())}}
 
 
-def run_arm(name: str, spec: SwarmSpec, cfg: SimConfig, docs: list[Document], groups: dict, routed: bool) -> dict:
+def run_arm(name: str, spec: SwarmSpec, cfg: SimConfig, docs: list[Document], groups: dict, routed: bool,
+            warm_start_steps: int = 0) -> dict:
+    """One arm. With `warm_start_steps` (a multiple of H), round 0 is that many synchronous steps at the swarm's
+    global batch, and the swarm trains the rounds left: the same tokens as the arms without it."""
     torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    init, warm_tokens, warm_rounds = None, 0, 0
+    if warm_start_steps:
+        batch = spec.n_paths * spec.inner.batch_size
+        spec, init = warm_started(spec, docs, warm_start_steps, batch_size=batch, seed=1000 + cfg.seed)
+        warm_tokens = warm_start_steps * batch * spec.model.context_len
+        warm_rounds = warm_start_steps // cfg.inner_steps
+        cfg = dataclasses.replace(cfg, rounds=cfg.rounds - warm_rounds)
     with tempfile.TemporaryDirectory() as ckpt:
-        res = run_simulation(spec, dataclasses.replace(cfg, checkpoint_dir=ckpt), docs=docs)
+        res = run_simulation(spec, dataclasses.replace(cfg, checkpoint_dir=ckpt), docs=docs, init_weights=init)
         final = score(spec, ckpt, groups, routed)
     steps_per_point = res.inner_steps
-    curve = [{"inner_steps": 0, "tokens": 0, "val_loss": res.val_loss_before["all"]}]
-    curve += [{"inner_steps": r["round"] * steps_per_point, "tokens": r["tokens"], "val_loss": r["val_loss"]["all"]}
-              for r in res.rounds]
+    curve = [{"inner_steps": warm_start_steps, "tokens": warm_tokens, "val_loss": res.val_loss_before["all"]}]
+    curve += [{"inner_steps": warm_start_steps + r["round"] * steps_per_point, "tokens": warm_tokens + r["tokens"],
+               "val_loss": r["val_loss"]["all"]} for r in res.rounds]
     params_held = sum(count_module_params(spec).values())
     print(f"{name:18s} val {final['all']:.4f}  " + " ".join(f"{t} {v:.3f}" for t, v in final["per_topic"].items())
           + f"  ({res.wall_s:.0f} s)", flush=True)
     return {"name": name, "mode": cfg.mode, "workers": res.workers, "levels": list(spec.levels),
             "layers_per_module": spec.model.layers_per_module, "params_per_path": path_param_count(spec),
-            "params_total": params_held, "inner_steps_per_worker": cfg.rounds * res.inner_steps,
-            "tokens": res.tokens_total, "final_val_loss": final["all"], "final_eval_tokens": final["tokens"],
+            "params_total": params_held, "warm_start_steps": warm_start_steps,
+            "inner_steps_per_worker": warm_start_steps + cfg.rounds * res.inner_steps,
+            "tokens": warm_tokens + res.tokens_total, "final_val_loss": final["all"],
+            "final_eval_tokens": final["tokens"],
             "per_topic": final["per_topic"], "curve": curve, "curve_eval_batches": cfg.eval_batches,
             "bytes_sent": res.bytes_sent_total, "bytes_up": res.bytes_up_total, "bytes_down": res.bytes_down_total,
             "rounds": len(res.rounds), "inner_s": res.inner_s, "round_s": res.round_s,
-            "wall_s": res.wall_s}
+            "wall_s": time.perf_counter() - t0}
 
 
 def plot(result: dict, path: Path) -> None:
     arms = result["arms"]
-    colors = {"dipaco": "tab:red", "dipaco-2x4": "tab:orange", "dense-path": "tab:blue",
+    colors = {"dipaco": "tab:red", "dipaco-warm": "tab:purple", "dipaco-2x4": "tab:orange", "dense-path": "tab:blue",
               "dense-path-diloco": "tab:cyan", "dense-large": "black"}
     fig, (ax, bx) = subplots(1, 2, figsize=(12, 4.4))
     for arm in arms:
@@ -155,8 +173,12 @@ def main() -> None:
     ap.add_argument("--eval-batches", type=int, default=8, help="curve: validation batches per path and round")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2, help="arms run at once (one torch thread each)")
-    ap.add_argument("--arms", default="dipaco,dipaco-2x4,dense-path,dense-path-diloco,dense-large")
+    ap.add_argument("--warm-start-steps", type=int, default=300, help="dipaco-warm: synchronous steps of round 0 "
+                    "(a multiple of H)")
+    ap.add_argument("--arms", default="dipaco,dipaco-warm,dipaco-2x4,dense-path,dense-path-diloco,dense-large")
     args = ap.parse_args()
+    if args.warm_start_steps % args.inner_steps or not 0 < args.warm_start_steps < args.rounds * args.inner_steps:
+        ap.error("--warm-start-steps must be a positive multiple of --inner-steps, below the whole run's steps")
     if args.replot:
         return plot(read_json(args.json), Path(args.plot))
     t0 = time.perf_counter()
@@ -172,6 +194,7 @@ def main() -> None:
     common = dict(rounds=args.rounds, inner_steps=args.inner_steps, seed=args.seed)
     arms_cfg = {
         "dipaco": (swarm, SimConfig(mode="dipaco", eval_batches=args.eval_batches, **common), True),
+        "dipaco-warm": (swarm, SimConfig(mode="dipaco", eval_batches=args.eval_batches, **common), True),
         "dipaco-2x4": (swarm8, SimConfig(mode="dipaco", eval_batches=args.eval_batches, **common), True),
         "dense-path": (path_dense, SimConfig(mode="sync", workers=1, eval_batches=4 * args.eval_batches, **common),
                        False),
@@ -181,8 +204,8 @@ def main() -> None:
                                                eval_batches=4 * args.eval_batches, **common), False),
     }
     names = args.arms.split(",")
-    jobs = [(name, *arms_cfg[name][:2], docs, groups8 if name == "dipaco-2x4" else groups, arms_cfg[name][2])
-            for name in names]
+    jobs = [(name, *arms_cfg[name][:2], docs, groups8 if name == "dipaco-2x4" else groups, arms_cfg[name][2],
+             args.warm_start_steps if name == "dipaco-warm" else 0) for name in names]
     with Pool(args.jobs) as pool:
         arms = pool.starmap(run_arm, jobs, chunksize=1)
     by = {a["name"]: a for a in arms}

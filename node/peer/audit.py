@@ -8,7 +8,9 @@ frames from the reducer and recompute the mean (node/train/round.py `audit_mean`
 proof: we stop trusting the reducer (never our reducer again, its frames refused) and alert the round's other
 contributors. An alert makes its receiver download the frames from the alerter and check them against the result
 *it* received: only that check moves it. The round the liar reduced stays applied on every replica that took it
-(they still agree with each other); the audit bounds a liar to the rounds before it is caught.
+(they still agree with each other); the audit bounds a liar to the rounds before it is caught. A reducer's first
+NEW_REDUCER_AUDITS rounds are checked before they are applied, and so are the next ones of a reducer that did not
+answer a random audit.
 
 Downloads run on the network loop; checks run in the training thread (`poll`), and a module's checks are done
 before its next round is sent (`before_send`).
@@ -214,8 +216,15 @@ class Auditor:
                 frames = None
         if check.alert is None:
             if frames is None:
-                logger.info("audit of %s round %d: no frames from its reducer %s", check.module, check.round,
-                            got.reducer[-8:])
+                if self.passed.get(got.reducer, 0) >= NEW_REDUCER_AUDITS:
+                    # A random audit it did not answer (refused, timed out, frames it no longer keeps): proof of
+                    # nothing to the others, so nobody leaves it, but we check its next rounds before applying them
+                    # again. A liar that hides its frames then gets no round applied here; an honest reducer that
+                    # was busy costs us NEW_REDUCER_AUDITS downloads.
+                    self.passed[got.reducer] = 0
+                    logger.warning("audit of %s round %d: its reducer %s did not show the frames; its next %d rounds "
+                                   "are checked before they are applied", check.module, check.round,
+                                   got.reducer[-8:], NEW_REDUCER_AUDITS)
                 return ""
             self.status.audits += 1
         elif proof is None and frames is None:

@@ -2,6 +2,7 @@
 recomputation that proves a lie, and the parser of lists received from strangers."""
 
 import asyncio
+import dataclasses
 
 import pytest
 import torch
@@ -197,3 +198,32 @@ def test_a_new_reducers_first_rounds_are_audited_for_certain_then_at_random():
     a, fetched = auditor(0.0)
     a.record("shared", result(1), 1.0, (5, b"x"), [])
     assert fetched == []  # --audit-rate 0: never
+
+
+def test_a_reducer_that_does_not_answer_a_random_audit_is_checked_before_applying_again():
+    from concurrent.futures import Future
+
+    from pathswarm.node.peer.audit import NEW_REDUCER_AUDITS, Auditor, _Check
+    from pathswarm.node.peer.config import NodeConfig, NodeStatus
+    from pathswarm.protocol.exchange import RoundResult
+
+    class Exchange:  # what _check reads of the exchange; the downloads are tested end to end
+        distrusted: dict = {}
+
+    a = Auditor(NodeConfig(spec=SwarmSpec(name="audit"), audit_rate=0.2), NodeStatus(peer_id="QmMe"), Exchange(), None)
+    now: list = []
+    a._fetch = lambda module, r, source, alert: None
+    a._verify_now = lambda module, r, reducer: now.append(r) or ""
+    a.rng.random = lambda: 0.0  # drawn for a random audit
+    a.passed["QmR"] = NEW_REDUCER_AUDITS
+    result = RoundResult("shared", 5, "merged", b"x", ["QmMe", "QmR"], 10, "ab", reducer="QmR",
+                         frames=(("QmMe", 5, "00"), ("QmR", 5, "11")))
+    assert a.record("shared", result, 1.0, (5, b"x"), ["QmMe", "QmR"]) == ""
+    assert now == []  # seasoned: audited in the background, applied meanwhile
+    refused: Future = Future()
+    refused.set_exception(ConnectionError("refused"))
+    assert a._check(_Check("shared", 5, "QmR", None, refused)) == ""  # proves nothing: nobody is told
+    assert "QmR" not in Exchange.distrusted
+    assert a.passed["QmR"] == 0  # on probation
+    a.record("shared", dataclasses.replace(result, round=6), 1.0, (5, b"x"), ["QmMe", "QmR"])
+    assert now == [6]  # its next round is checked before it is applied
