@@ -131,7 +131,9 @@ class AuditService:
                 return
             module, round_ = field_of(header, "module", str), field_of(header, "round", int)
             frames = self.store.get(module, round_) if module in self.numels else None
-            if frames is None:
+            # Only the round's own members may read its frames (its auditors, and those an auditor alerted, all
+            # contributed to it): members' outer gradients are not the whole swarm's to read.
+            if frames is None or sender not in frames:
                 await write_message(writer, {"status": "missing"}, b"", self.traffic)
                 return
             skip = header.get("skip")  # the asker's own frame: it has it

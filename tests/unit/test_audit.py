@@ -227,3 +227,39 @@ def test_a_reducer_that_does_not_answer_a_random_audit_is_checked_before_applyin
     assert a.passed["QmR"] == 0  # on probation
     a.record("shared", dataclasses.replace(result, round=6), 1.0, (5, b"x"), ["QmMe", "QmR"])
     assert now == [6]  # its next round is checked before it is applied
+
+
+def test_a_rounds_frames_are_served_to_its_members_only():
+    import socket
+
+    from pathswarm.protocol.audit import AuditService
+    from pathswarm.protocol.wire import Traffic, read_message, write_message
+
+    async def admit(header, sender, reader, writer) -> bool:
+        return True
+
+    async def serve(kind, sender, reader, writer, body) -> None:
+        await body()
+
+    svc = AuditService(None, "t", {"shared": 10}, lambda m: 1000, admit, serve, Traffic())
+    svc.store.keep("shared", 3, {"QmA": (5, b"a" * 10), "QmB": (7, b"b" * 10)})
+
+    async def ask(sender: str) -> dict:
+        """One frames request from `sender` over a real socket pair; the answer's header and frames."""
+        ours, theirs = socket.socketpair()
+        r1, w1 = await asyncio.open_connection(sock=ours)
+        r2, w2 = await asyncio.open_connection(sock=theirs)
+        await write_message(w2, {"module": "shared", "round": 3, "skip": sender}, b"", Traffic())
+        await svc._on_frames(sender, r1, w1)
+        header, _ = await read_message(r2, 0, Traffic())
+        got = {}
+        for _ in range(header.get("count", 0)):
+            h, _ = await read_message(r2, 0, Traffic())
+            _, frame = await read_message(r2, 1000, Traffic())
+            got[h["peer"]] = (h["tokens"], frame)
+        w1.close()
+        w2.close()
+        return {"status": header["status"], "frames": got}
+
+    assert asyncio.run(ask("QmA")) == {"status": "ok", "frames": {"QmB": (7, b"b" * 10)}}  # a member: the others'
+    assert asyncio.run(ask("QmStranger"))["status"] == "missing"  # admitted to the swarm, not in the round
