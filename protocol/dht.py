@@ -64,6 +64,7 @@ def _read(sdht: SwarmNet, spec: SwarmSpec, key: str, model: type[_R], timeout_s:
     if not isinstance(found, dict):
         return []
     records, gate = [], gate_of(spec)
+    limit = spec.round_limit(sdht.dht_time())
     for subkey, value in found.items():
         try:
             owner_peer_id = peer_id_of_owner(subkey) if isinstance(subkey, bytes) else None
@@ -72,6 +73,8 @@ def _read(sdht: SwarmNet, spec: SwarmSpec, key: str, model: type[_R], timeout_s:
             record = parse_record(model, value, spec)
             if record.peer_id != owner_peer_id:
                 raise RecordError(f"names peer {record.peer_id} but is signed by {owner_peer_id}")
+            if limit is not None and getattr(record, "round", 0) > limit:
+                raise RecordError(f"round {record.round} is later than the swarm's age allows ({limit})")
             if model is RevocationRecord:
                 gate.learn(record.token)  # the owner's signature is the authority; the relayer is a member
             gate.check(record.membership, owner_peer_id, valid_until=0.0 if model is RevocationRecord else None)

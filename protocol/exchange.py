@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -291,7 +292,7 @@ class ModuleExchange:
                 self.clients.add(sender)  # never named a reducer candidate: nobody could dial it
             # The frame follows in a second message, bounded by this module's size.
             _, frame = await read_message(reader, self._frame_limit(module), self.traffic)
-            round_ = field_of(header, "round", int)
+            round_ = self._bounded_round(field_of(header, "round", int))
             result = await self.reduce(module, round_, sender, field_of(header, "tokens", int),
                                        field_of(header, "digest", str), frame)
             if (module, round_) in self.drop_reply and result.applicable:
@@ -405,6 +406,14 @@ class ModuleExchange:
         asyncio.get_running_loop().create_task(self._close_after_grace((module, round_), open_round))
         return open_round
 
+    def _bounded_round(self, round_: int) -> int:
+        """A round number a peer sent: WireError when it is later than the swarm's age allows (protocol/spec.py
+        `round_limit`); a stranger's claimed round is then not even a hint."""
+        limit = self.spec.round_limit(time.time())
+        if limit is not None and round_ > limit:
+            raise WireError(f"round {round_} is later than the swarm's age allows ({limit})")
+        return round_
+
     # ---- who reduces (protocol/reducers.py) -------------------------------------------------
     def _must_ask(self, module: str, mine: LocalState) -> list[str]:
         """The candidates to ask before we reduce this round: those before us in the agreed list, or, at its
@@ -477,7 +486,7 @@ class ModuleExchange:
             header, _ = await read_message(reader, 0, self.traffic)
             if not await self._admit(header, sender, reader, writer):
                 return
-            module, round_ = field_of(header, "module", str), field_of(header, "round", int)
+            module, round_ = field_of(header, "module", str), self._bounded_round(field_of(header, "round", int))
             stance = self.stance(module, round_, field_of(header, "digest", str), sender)
             await write_message(writer, {"stance": stance.value}, b"", self.traffic)
 
@@ -726,6 +735,11 @@ class ModuleExchange:
         # huge one made state_digest (8 unsigned bytes) raise in the caller.
         round_ = header.get("round") or 0
         if not isinstance(round_, int) or isinstance(round_, bool) or not 0 <= round_ <= MAX_ROUND:
+            return None
+        limit = self.spec.round_limit(time.time())
+        if limit is not None and round_ > limit:
+            logger.warning("state download of %s from %s: round %d is later than the swarm's age allows", module,
+                           peer[-8:], round_)
             return None
         values = torch.frombuffer(bytearray(payload), dtype=torch.float32)
         anchor, momentum = values[:numel].clone(), values[numel:].clone()

@@ -314,12 +314,23 @@ class InitSpec:
                    "must be 64 lowercase hex digits (sha256)")
 
 
+MAX_ROUNDS_PER_S = 20
+"""The most outer rounds a module can go through per second of the swarm's age. A round is at least one inner step,
+a message to the reducer and its answer; 20 a second is far above any real swarm's pace (tests on loopback run a
+few), and bounds the round numbers a stranger can announce to the swarm's age × 20 instead of 2^62."""
+CREATED_SLACK_S = 3600.0
+"""Clock slack granted to the creator's clock (and ours) when counting the swarm's age."""
+
+
 @dataclass(frozen=True)
 class SwarmSpec:
     """Everything the peers of one swarm agree on."""
 
     name: str = "pathswarm"
     """Human-readable swarm name (part of the id)."""
+    created: int = 0
+    """Unix time (seconds) at which `swarm init` wrote the spec; 0: not stated, and then left out of the id, so a
+    spec written before this field keeps its id. It bounds round numbers (`round_limit`)."""
     levels: tuple[int, ...] = (2, 2)
     """Modules per level; a path takes one module of each level, so there are prod(levels) paths."""
     model: ModelSpec = field(default_factory=ModelSpec)
@@ -343,6 +354,7 @@ class SwarmSpec:
 
     def __post_init__(self) -> None:
         _check(len(self.levels) > 0, "levels", "must list at least one level")
+        _check(0 <= self.created < 1 << 40, "created", "must be a unix time in seconds (0: not stated)")
         for i, k in enumerate(self.levels):
             _check(isinstance(k, int) and k > 0, f"levels[{i}]", f"must be a positive integer, got {k!r}")
         self.model.validate()
@@ -354,6 +366,13 @@ class SwarmSpec:
         self.data.validate()
         self.membership.validate()
         self.init.validate(len(self.all_module_ids()))
+
+    def round_limit(self, now: float) -> int | None:
+        """The latest outer round any module of this swarm can honestly be at, at unix time `now`: the swarm's age
+        plus CREATED_SLACK_S, times MAX_ROUNDS_PER_S. None when the spec does not say when it was created."""
+        if not self.created:
+            return None
+        return int((max(0.0, now - self.created) + CREATED_SLACK_S) * MAX_ROUNDS_PER_S)
 
     def require_router(self) -> SwarmSpec:
         _check(self.router.fitted, "router.centroids",
@@ -399,7 +418,10 @@ class SwarmSpec:
 
     # ---- identity ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return _to_plain(self)
+        out = _to_plain(self)
+        if not self.created:
+            del out["created"]  # not stated: the id of a spec written before the field stays what it was
+        return out
 
     def canonical_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), allow_nan=False)

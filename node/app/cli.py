@@ -126,6 +126,8 @@ def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, widt
                owner_key: str | None, passphrase: bool) -> None:
     """Define a new swarm: build a spec, fit the document router, print paths and routing.
 
+    The spec records when it was written (`created`): peers refuse round numbers later than the swarm's age allows.
+
     With --warm-start-steps, also train the initial weights here first (DiLoCo's warm start): every node that
     starts from round 0 then checks what it loads or downloads against their digests in the spec."""
     out = Path(output)
@@ -138,7 +140,7 @@ def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, widt
         raise click.UsageError(f"{init_out} exists and is not empty; pass --force to overwrite it")
     data = DataSpec(corpus="dir", path=str(Path(data_dir).resolve())) if data_dir else DataSpec(corpus=corpus)
     base = SwarmSpec(
-        name=name, levels=_parse_levels(levels),
+        name=name, created=int(time.time()), levels=_parse_levels(levels),
         model=ModelSpec(width=width, base_width=base_width, n_heads=heads, layers_per_module=layers_per_module,
                         context_len=context_len, seed=seed),
         router=RouterSpec(seed=seed), inner=InnerOptSpec(steps=inner_steps, lr=inner_lr), data=data)

@@ -269,3 +269,24 @@ def test_a_killed_node_takes_its_dht_process_and_p2pd_with_it():
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(node.pid, signal.SIGKILL)
+
+
+def test_records_at_rounds_later_than_the_swarms_age_allows_are_dropped(caplog):
+    from pathswarm.protocol.spec import CREATED_SLACK_S, MAX_ROUNDS_PER_S
+
+    spec = SPEC.replace(created=int(get_dht_time()) - 100)  # a swarm 100 s old: rounds up to (100 + slack) × 20
+    limit = spec.round_limit(get_dht_time())
+    assert int((100 + CREATED_SLACK_S) * MAX_ROUNDS_PER_S) <= limit <= int((110 + CREATED_SLACK_S) * MAX_ROUNDS_PER_S)
+    keys = [RSASignatureValidator(RSAPrivateKey()).local_public_key for _ in range(3)]
+    found = {}
+    for key, round_ in zip(keys, (5, limit - 100, 1 << 61), strict=True):
+        found[key] = ValueWithExpiration(record_to_wire(ModuleAnnouncement(
+            module_id="shared", round=round_, digest="0f" * 32, peer_id=peer_id_of_owner(key), numel=10)),
+            get_dht_time() + 60)
+    dht = types.SimpleNamespace(get=lambda key, latest: ValueWithExpiration(found, get_dht_time() + 60))
+    net = SwarmNet(dht, owner=b"", peer_id="")  # the seam around a DHT that answers `found`
+    caplog.set_level(logging.INFO, logger="pathswarm.protocol.dht")
+    assert sorted(a.round for a in read_module_holders(net, spec, "shared")) == [5, limit - 100]
+    assert any("later than the swarm's age allows" in r.message for r in caplog.records)
+    # A spec that does not say when it was created bounds nothing (beyond the records' int64 range).
+    assert sorted(a.round for a in read_module_holders(net, SPEC, "shared")) == [5, limit - 100, 1 << 61]

@@ -388,3 +388,17 @@ def test_a_reducer_alone_in_its_round_names_its_partners_so_split_sides_meet_aga
 
     got = asyncio.run(go())
     assert got == {"alone": ("other", "reducer"), "no partners": ("reducer",), "with others": ("reducer", "other")}
+
+
+def test_a_round_later_than_the_swarms_age_allows_is_refused_before_anything_reads_it():
+    import time
+
+    old = SPEC.replace(created=int(time.time()) - 60)
+    ex = ModuleExchange(old, None, "reducer", {"L0M0": NUMEL}, lambda m: None, exchange_closer(old))
+    limit = old.round_limit(time.time())
+    assert ex._bounded_round(7) == 7 and ex._bounded_round(limit - 10) == limit - 10
+    with pytest.raises(WireError, match="later than the swarm's age allows"):
+        ex._bounded_round(1 << 40)  # a contribution or stance question claiming it never reaches the round rules
+    assert ex.behind == {}
+    undated = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: None, exchange_closer(SPEC))
+    assert undated._bounded_round(1 << 40) == 1 << 40  # no creation time: only the int64 bound applies

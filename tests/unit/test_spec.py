@@ -67,6 +67,22 @@ def test_toml_round_trip_keeps_the_id(tmp_path):
     assert again.swarm_id == spec.swarm_id
 
 
+def test_the_creation_time_bounds_rounds_and_leaves_older_ids_alone(tmp_path):
+    old = loads_spec(GOOD)
+    # Not stated: left out of the canonical form (the id's input), so the id is what it was before the field.
+    assert old.created == 0 and '"created"' not in old.canonical_json() and old.round_limit(2e9) is None
+    dated = loads_spec('created = 1700000000\n' + GOOD)
+    assert dated.swarm_id != old.swarm_id  # the time is part of what peers agree on
+    path = tmp_path / "s.toml"
+    path.write_text(dated.to_toml())
+    assert load_spec(path).swarm_id == dated.swarm_id
+    # (age + 1 h of clock slack) × 20 rounds a second; never below the slack's worth
+    assert dated.round_limit(1700000000 + 86400) == (86400 + 3600) * 20
+    assert dated.round_limit(1700000000 - 10**6) == 3600 * 20
+    with pytest.raises(SpecError, match="created"):
+        loads_spec("created = -1\n" + GOOD)
+
+
 def test_paths_and_modules():
     spec = SwarmSpec(levels=(3, 2))
     assert spec.n_paths == 6
