@@ -25,7 +25,10 @@ dense model as large as the whole swarm. Arms (all in node/train/simulate.py, sa
 Every arm is scored on the same windows: the whole validation split, grouped by (topic, routed path);
 a DiPaCo document is scored by the path the router picks for it, a dense one by the dense model.
 
-    nice -n 10 .venv/bin/python benchmarks/dipaco_vs_dense.py    # ≈ 10 min on 2 cores (--jobs 2)
+    nice -n 10 .venv/bin/python benchmarks/dipaco_vs_dense.py    # ≈ 20 min on 2 cores (--jobs 2)
+
+Defaults: H = 25 and outer lr 0.5, what `swarm init` gives a grid (node/app/swarm_init.py `round_defaults`);
+`--inner-steps 50 --rounds 40` is the setting of the previous runs.
 
 Goals (issue 16): DiPaCo 2x2 ≥ 10 % below dense-path and within 3 % of dense-large; the larger grid closer.
 """
@@ -44,7 +47,7 @@ import torch
 from _swarm_common import arguments, machine, read_json, save_plot, write_json
 
 from pathswarm.node.app.fmt import subplots
-from pathswarm.node.app.swarm_init import init_spec
+from pathswarm.node.app.swarm_init import init_spec, round_defaults
 from pathswarm.node.model.data import Document, TokenSampler, load_documents, split
 from pathswarm.node.model.model import count_module_params, path_param_count
 from pathswarm.node.model.router import assignment_table, documents_by_path
@@ -53,7 +56,7 @@ from pathswarm.node.train.evaluate import model_from_checkpoint
 from pathswarm.node.train.inner import evaluate_loss
 from pathswarm.node.train.simulate import SimConfig, run_simulation
 from pathswarm.node.train.warm_start import warm_started
-from pathswarm.protocol.spec import DataSpec, InnerOptSpec, ModelSpec, SwarmSpec, format_path
+from pathswarm.protocol.spec import DataSpec, InnerOptSpec, ModelSpec, OuterOptSpec, SwarmSpec, format_path
 
 EVAL_BATCH = 32
 
@@ -63,6 +66,7 @@ def make_spec(docs: list[Document], levels: tuple[int, ...], layers: int, args) 
                      model=ModelSpec(width=args.width, base_width=64, n_heads=4, layers_per_module=layers,
                                      context_len=args.context_len),
                      inner=InnerOptSpec(batch_size=args.batch_size, steps=args.inner_steps),
+                     outer=OuterOptSpec(lr=args.outer_lr),
                      data=DataSpec(corpus="bbc"))
     return init_spec(base, docs)
 
@@ -164,8 +168,11 @@ def plot(result: dict, path: Path) -> None:
 
 def main() -> None:
     ap = arguments(__doc__, "dipaco_vs_dense", plot=True, replot=True)
-    ap.add_argument("--rounds", type=int, default=40)
-    ap.add_argument("--inner-steps", type=int, default=50, help="H")
+    grid_h, grid_lr = round_defaults((2, 2))
+    ap.add_argument("--rounds", type=int, default=2000 // grid_h, help="outer rounds (2,000 inner steps per worker)")
+    ap.add_argument("--inner-steps", type=int, default=grid_h, help="H (default: what `swarm init` gives a grid)")
+    ap.add_argument("--outer-lr", type=float, default=grid_lr,
+                    help="outer Nesterov lr of the local-SGD arms (default: what `swarm init` gives a grid)")
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--layers", type=int, default=1, help="blocks per level module of the swarm")
     ap.add_argument("--context-len", type=int, default=64)

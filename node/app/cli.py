@@ -36,7 +36,15 @@ from pathswarm.protocol.membership import (
     sign_revocations,
     verify_revocations,
 )
-from pathswarm.protocol.spec import DataSpec, InnerOptSpec, MembershipSpec, ModelSpec, RouterSpec, SwarmSpec
+from pathswarm.protocol.spec import (
+    DataSpec,
+    InnerOptSpec,
+    MembershipSpec,
+    ModelSpec,
+    OuterOptSpec,
+    RouterSpec,
+    SwarmSpec,
+)
 
 PASSPHRASE_ENV = "PATHSWARM_OWNER_PASSPHRASE"
 """Where `swarm init --passphrase`, `swarm invite` and `swarm revoke` take an owner key's passphrase from, if set."""
@@ -96,7 +104,11 @@ def _parse_levels(text: str) -> tuple[int, ...]:
 @click.option("--heads", type=int, default=4, show_default=True, help="Attention heads (must divide --width).")
 @click.option("--layers-per-module", type=int, default=2, show_default=True, help="Transformer blocks per module.")
 @click.option("--context-len", type=int, default=128, show_default=True, help="Tokens (bytes) per sequence.")
-@click.option("--inner-steps", type=int, default=50, show_default=True, help="H: inner AdamW steps per outer round.")
+@click.option("--inner-steps", type=click.IntRange(min=1), default=None,
+              help="H: inner AdamW steps per outer round (default: 50 for one path, 25 for a grid of paths).")
+@click.option("--outer-lr", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Outer Nesterov learning rate (default: 0.7 for one path, 0.5 for a grid: measured, see README "
+                   "'Does it learn?').")
 @click.option("--inner-lr", type=float, default=3e-3, show_default=True,
               help="Inner AdamW learning rate at base width.")
 @click.option("--name", default="pathswarm", show_default=True, help="Swarm name (part of its id).")
@@ -121,7 +133,8 @@ def _parse_levels(text: str) -> tuple[int, ...]:
                    f"${PASSPHRASE_ENV}); `swarm invite` and `swarm revoke` then ask for it.")
 @friendly
 def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, width: int, base_width: int, heads: int,
-               layers_per_module: int, context_len: int, inner_steps: int, inner_lr: float, name: str, seed: int,
+               layers_per_module: int, context_len: int, inner_steps: int | None, outer_lr: float | None,
+               inner_lr: float, name: str, seed: int,
                force: bool, warm_start_steps: int, warm_start_batch: int, init_dir: str | None, private: bool,
                owner_key: str | None, passphrase: bool) -> None:
     """Define a new swarm: build a spec, fit the document router, print paths and routing.
@@ -139,11 +152,16 @@ def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, widt
     if warm_start_steps and init_out.exists() and any(init_out.iterdir()) and not force:
         raise click.UsageError(f"{init_out} exists and is not empty; pass --force to overwrite it")
     data = DataSpec(corpus="dir", path=str(Path(data_dir).resolve())) if data_dir else DataSpec(corpus=corpus)
+    from pathswarm.node.app.swarm_init import round_defaults
+
+    parsed_levels = _parse_levels(levels)
+    default_h, default_outer_lr = round_defaults(parsed_levels)
     base = SwarmSpec(
-        name=name, created=int(time.time()), levels=_parse_levels(levels),
+        name=name, created=int(time.time()), levels=parsed_levels,
         model=ModelSpec(width=width, base_width=base_width, n_heads=heads, layers_per_module=layers_per_module,
                         context_len=context_len, seed=seed),
-        router=RouterSpec(seed=seed), inner=InnerOptSpec(steps=inner_steps, lr=inner_lr), data=data)
+        router=RouterSpec(seed=seed), inner=InnerOptSpec(steps=inner_steps or default_h, lr=inner_lr),
+        outer=OuterOptSpec(lr=outer_lr or default_outer_lr), data=data)
     if (owner_key or passphrase) and not private:
         raise click.UsageError("--owner-key and --passphrase go with --private")
     from pathswarm.node.app.swarm_init import format_init_report, init_spec

@@ -23,6 +23,17 @@ MAX_LABEL_ROWS = 20
 """The label x path table shows at most this many labels (the most common)."""
 
 
+def round_defaults(levels: Sequence[int]) -> tuple[int, float]:
+    """(H, outer learning rate) that `swarm init` gives a spec of these levels, as measured on the round rule
+    (issue 16; benchmarks/diloco_vs_sync.py, benchmarks/dipaco_vs_dense.py, same tokens):
+    - one path (DiLoCo: every module averaged by all workers): H = 50, lr 0.7. 4 workers at lr 0.7 end 0.1 % below
+      synchronous data-parallel; at lr 0.5, 1.2 % above (and H = 250 only 6.3 % below one worker alone, not 7.1 %).
+    - a grid (DiPaCo: a level module is averaged by only the paths through it): H = 25, lr 0.5. The 2x2 grid ends
+      2.0 % above the dense model of the whole swarm's size, against 3.3 % at H = 25, lr 0.7 and 3.4-3.8 % at H = 50
+      (lr 0.5-0.7). Fewer workers per average take a smaller outer step, as DiLoCo's own sweeps found."""
+    return (50, 0.7) if all(k == 1 for k in levels) else (25, 0.5)
+
+
 def init_spec(base: SwarmSpec, docs: Sequence[Document]) -> SwarmSpec:
     """`base` with its router fitted on the training split of `docs` (router.seed seeds k-means)."""
     train, _ = split(docs, base.data.val_fraction)

@@ -2,6 +2,7 @@
 and the CLI chain init → simulate → eval → generate works end to end on the synthetic corpus."""
 
 import json
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -109,3 +110,23 @@ def test_inner_training_never_rewrites_the_anchor(spec, synthetic_docs):
     for mid in w.module_ids:
         assert torch.equal(w.outer[mid].anchor, anchors[mid])
         assert not torch.equal(w.flat(mid), anchors[mid])
+
+
+def test_swarm_init_picks_the_measured_round_defaults_by_shape(tmp_path):
+    from pathswarm.protocol.spec import load_spec
+
+    runner = CliRunner()
+    small = ["--corpus", "synthetic", "--width", "32", "--base-width", "32", "--heads", "2",
+             "--layers-per-module", "1", "--context-len", "32"]
+    got = {}
+    for levels, extra in (("1", []), ("2x2", []), ("2x2", ["--inner-steps", "40", "--outer-lr", "0.6"])):
+        path = tmp_path / f"{levels}-{len(extra)}.toml"
+        res = runner.invoke(main, ["swarm", "init", "-o", str(path), "--levels", levels, *small, *extra])
+        assert res.exit_code == 0, res.output
+        spec = load_spec(path)
+        got[(levels, len(extra))] = (spec.inner.steps, spec.outer.lr)
+        assert abs(spec.created - time.time()) < 600  # dated: peers bound round numbers by the swarm's age
+    # one path (DiLoCo): H 50, lr 0.7; a grid (DiPaCo): H 25, lr 0.5; what the user passes wins
+    assert got == {("1", 0): (50, 0.7), ("2x2", 0): (25, 0.5), ("2x2", 4): (40, 0.6)}
+    res = runner.invoke(main, ["swarm", "init", "-o", str(tmp_path / "bad.toml"), *small, "--outer-lr", "0"])
+    assert res.exit_code == 2 and "outer-lr" in res.output
