@@ -184,10 +184,11 @@ def main() -> None:
                     "(a multiple of H)")
     ap.add_argument("--arms", default="dipaco,dipaco-warm,dipaco-2x4,dense-path,dense-path-diloco,dense-large")
     args = ap.parse_args()
-    if args.warm_start_steps % args.inner_steps or not 0 < args.warm_start_steps < args.rounds * args.inner_steps:
-        ap.error("--warm-start-steps must be a positive multiple of --inner-steps, below the whole run's steps")
     if args.replot:
         return plot(read_json(args.json), Path(args.plot))
+    if "dipaco-warm" in args.arms.split(",") and (
+            args.warm_start_steps % args.inner_steps or not 0 < args.warm_start_steps < args.rounds * args.inner_steps):
+        ap.error("--warm-start-steps must be a positive multiple of --inner-steps, below the whole run's steps")
     t0 = time.perf_counter()
     docs = load_documents(DataSpec(corpus="bbc"))
     random.Random(0).shuffle(docs)  # topic-sorted corpus; curve windows are read from the stream's start
@@ -227,6 +228,9 @@ def main() -> None:
         summary["dipaco_vs_dense_large"] = d / b
         # 0: DiPaCo no better than the path-size dense model; 1: as good as the large one.
         summary["gap_closed_to_large"] = (a - d) / (a - b) if a != b else None
+    if "dipaco-warm" in by and "dense-large" in by:
+        summary["dipaco_warm_vs_dense_large"] = (by["dipaco-warm"]["final_val_loss"]
+                                                 / by["dense-large"]["final_val_loss"])
     if "dipaco-2x4" in by and "dense-path" in by:
         summary["dipaco_2x4_vs_dense_path"] = by["dipaco-2x4"]["final_val_loss"] / by["dense-path"]["final_val_loss"]
     if "dipaco-2x4" in by and "dense-large" in by:

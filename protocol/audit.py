@@ -88,6 +88,8 @@ class FrameStore:
 
     def __init__(self):
         self._rounds: dict[tuple[str, int], dict[str, tuple[int, bytes]]] = {}
+        self._late: dict[tuple[str, int], set[str]] = {}
+        """Members that got the round late (their frame is not in it, they apply it): they may read it too."""
         self._lock = threading.Lock()  # the reducer keeps on the network loop, an auditor in the training thread
 
     def keep(self, module: str, round_: int, frames: dict[str, tuple[int, bytes]]) -> None:
@@ -95,10 +97,23 @@ class FrameStore:
             self._rounds[(module, round_)] = dict(frames)
             for old in sorted(r for m, r in self._rounds if m == module)[:-FRAMES_KEPT]:
                 self._rounds.pop((module, old), None)
+                self._late.pop((module, old), None)
+
+    def allow(self, module: str, round_: int, peer: str) -> None:
+        """`peer` got the round's result late (it applies it without its frame in it): it may read the frames."""
+        with self._lock:
+            late = self._late.setdefault((module, round_), set()) if (module, round_) in self._rounds else None
+            if late is not None and len(late) < MAX_LISTED:
+                late.add(peer)
 
     def get(self, module: str, round_: int) -> dict[str, tuple[int, bytes]] | None:
         with self._lock:
             return self._rounds.get((module, round_))
+
+    def may_read(self, module: str, round_: int, peer: str) -> bool:
+        """Only the round's members read its frames: its contributors, and those that got it late."""
+        with self._lock:
+            return peer in self._rounds.get((module, round_), {}) or peer in self._late.get((module, round_), ())
 
 
 Admit = Callable[[dict, str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
@@ -131,9 +146,10 @@ class AuditService:
                 return
             module, round_ = field_of(header, "module", str), field_of(header, "round", int)
             frames = self.store.get(module, round_) if module in self.numels else None
-            # Only the round's own members may read its frames (its auditors, and those an auditor alerted, all
-            # contributed to it): members' outer gradients are not the whole swarm's to read.
-            if frames is None or sender not in frames:
+            # Only the round's own members may read its frames (its contributors, who audit it and whom an auditor
+            # alerts, and those that got it late and apply it too): members' outer gradients are not the whole
+            # swarm's to read.
+            if frames is None or not self.store.may_read(module, round_, sender):
                 await write_message(writer, {"status": "missing"}, b"", self.traffic)
                 return
             skip = header.get("skip")  # the asker's own frame: it has it

@@ -57,6 +57,13 @@ def _publish(sdht: SwarmNet, key: str, record: _R, expiration: float) -> bool:
     return ok
 
 
+def _rounds_of(record: _R) -> list[int]:
+    """Every outer round a record names: its own, and a node's metrics' loss history and group sizes (a dashboard
+    keeps the newest rounds: one of 2^62 would push the real ones out)."""
+    return ([getattr(record, "round", 0)] + [r for r, _ in getattr(record, "history", ())]
+            + [g[1] for g in getattr(record, "groups", ())])
+
+
 def _read(sdht: SwarmNet, spec: SwarmSpec, key: str, model: type[_R], timeout_s: float | None = None) -> list[_R]:
     """Every valid record under `key`, one per owner; bad ones are logged and dropped. With timeout_s, raises
     TimeoutError when the DHT has not answered by then (a lookup that meets a dead peer waits for its RPC timeout)."""
@@ -73,8 +80,8 @@ def _read(sdht: SwarmNet, spec: SwarmSpec, key: str, model: type[_R], timeout_s:
             record = parse_record(model, value, spec)
             if record.peer_id != owner_peer_id:
                 raise RecordError(f"names peer {record.peer_id} but is signed by {owner_peer_id}")
-            if limit is not None and getattr(record, "round", 0) > limit:
-                raise RecordError(f"round {record.round} is later than the swarm's age allows ({limit})")
+            if limit is not None and (latest := max(_rounds_of(record))) > limit:
+                raise RecordError(f"round {latest} is later than the swarm's age allows ({limit})")
             if model is RevocationRecord:
                 gate.learn(record.token)  # the owner's signature is the authority; the relayer is a member
             gate.check(record.membership, owner_peer_id, valid_until=0.0 if model is RevocationRecord else None)

@@ -286,13 +286,16 @@ class ModuleExchange:
             module = field_of(header, "module", str)
             if module not in self.numels:
                 raise WireError(f"unknown module {module!r}")
+            round_ = field_of(header, "round", int)
+            if why := self._beyond_limit(round_):  # before anything of it is read or remembered
+                await self._refuse(why, reader, writer)
+                return
             if header.get("client") is not True:
                 self.clients.discard(sender)  # its latest word: a restart may have made it reachable
             elif len(self.clients) < MAX_CLIENTS:
                 self.clients.add(sender)  # never named a reducer candidate: nobody could dial it
             # The frame follows in a second message, bounded by this module's size.
             _, frame = await read_message(reader, self._frame_limit(module), self.traffic)
-            round_ = self._bounded_round(field_of(header, "round", int))
             result = await self.reduce(module, round_, sender, field_of(header, "tokens", int),
                                        field_of(header, "digest", str), frame)
             if (module, round_) in self.drop_reply and result.applicable:
@@ -390,9 +393,11 @@ class ModuleExchange:
             return result
         return self._answer(result, sender)
 
-    @staticmethod
-    def _answer(result: RoundResult, sender: str) -> RoundResult:
+    def _answer(self, result: RoundResult, sender: str) -> RoundResult:
         status = "merged" if sender in result.contributors else "late"
+        if status == "late":
+            # A late member applies the round too, so it may audit it: let it read the frames (protocol/audit.py).
+            self.audits.store.allow(result.module, result.round, sender)
         if status == "merged" and len(result.contributors) == 1:
             status = "alone"
         return RoundResult(result.module, result.round, status, result.mean_frame, result.contributors, result.tokens,
@@ -406,13 +411,15 @@ class ModuleExchange:
         asyncio.get_running_loop().create_task(self._close_after_grace((module, round_), open_round))
         return open_round
 
-    def _bounded_round(self, round_: int) -> int:
-        """A round number a peer sent: WireError when it is later than the swarm's age allows (protocol/spec.py
-        `round_limit`); a stranger's claimed round is then not even a hint."""
+    def _beyond_limit(self, round_: int) -> str:
+        """Why a round number a peer sent is refused ("" when it is not): later than the swarm's age allows
+        (protocol/spec.py `round_limit`). A stranger's claimed round is then not even a hint; an honest peer
+        refused this way has a clock far off, and the reason says so."""
         limit = self.spec.round_limit(time.time())
         if limit is not None and round_ > limit:
-            raise WireError(f"round {round_} is later than the swarm's age allows ({limit})")
-        return round_
+            return (f"round {round_} is later than the swarm's age allows ({limit} rounds at most now, by this "
+                    f"peer's clock: check both clocks)")
+        return ""
 
     # ---- who reduces (protocol/reducers.py) -------------------------------------------------
     def _must_ask(self, module: str, mine: LocalState) -> list[str]:
@@ -486,7 +493,10 @@ class ModuleExchange:
             header, _ = await read_message(reader, 0, self.traffic)
             if not await self._admit(header, sender, reader, writer):
                 return
-            module, round_ = field_of(header, "module", str), self._bounded_round(field_of(header, "round", int))
+            module, round_ = field_of(header, "module", str), field_of(header, "round", int)
+            if why := self._beyond_limit(round_):
+                await self._refuse(why, reader, writer)
+                return
             stance = self.stance(module, round_, field_of(header, "digest", str), sender)
             await write_message(writer, {"stance": stance.value}, b"", self.traffic)
 

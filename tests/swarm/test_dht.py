@@ -290,3 +290,10 @@ def test_records_at_rounds_later_than_the_swarms_age_allows_are_dropped(caplog):
     assert any("later than the swarm's age allows" in r.message for r in caplog.records)
     # A spec that does not say when it was created bounds nothing (beyond the records' int64 range).
     assert sorted(a.round for a in read_module_holders(net, SPEC, "shared")) == [5, limit - 100, 1 << 61]
+    # A node's metrics name rounds in their loss history and group sizes too: one too late there drops the record.
+    metrics = {key: ValueWithExpiration(record_to_wire(NodeMetrics(
+        path=(0, 0), peer_id=peer_id_of_owner(key), round=5, loss=2.0, tokens_per_s=1.0, bytes_sent=1,
+        bytes_received=1, history=((4, 2.0), (late, 1.0)),
+        groups=(("shared", 4, 2),))), get_dht_time() + 60) for key, late in zip(keys[:2], (5, 1 << 61), strict=True)}
+    dht.get = lambda key, latest: ValueWithExpiration(metrics, get_dht_time() + 60)
+    assert [m.peer_id for m in read_metrics(net, spec)] == [peer_id_of_owner(keys[0])]

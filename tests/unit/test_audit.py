@@ -11,7 +11,7 @@ from pathswarm.compression import decode, encode
 from pathswarm.node.peer.rounds import exchange_closer
 from pathswarm.node.train.round import AUDIT_TOLERANCE, audit_mean
 from pathswarm.protocol.audit import MAX_LISTED, frame_hash, parse_frame_list
-from pathswarm.protocol.exchange import LocalState, ModuleExchange
+from pathswarm.protocol.exchange import LocalState, ModuleExchange, RoundResult
 from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
 
 NUMEL = 1000
@@ -263,3 +263,23 @@ def test_a_rounds_frames_are_served_to_its_members_only():
 
     assert asyncio.run(ask("QmA")) == {"status": "ok", "frames": {"QmB": (7, b"b" * 10)}}  # a member: the others'
     assert asyncio.run(ask("QmStranger"))["status"] == "missing"  # admitted to the swarm, not in the round
+    assert asyncio.run(ask("QmLate"))["status"] == "missing"
+    svc.store.allow("shared", 3, "QmLate")  # the reducer answered it "late": it applies the round, it may audit it
+    assert asyncio.run(ask("QmLate"))["frames"] == {"QmA": (5, b"a" * 10), "QmB": (7, b"b" * 10)}
+    svc.store.allow("shared", 9, "QmStranger")  # a round the store does not keep grants nothing
+    assert asyncio.run(ask("QmStranger"))["status"] == "missing"
+
+
+def test_a_member_answered_late_may_read_the_rounds_frames():
+    # Through the reducer's own answer: a contribution that comes after the round closed is "late" (applicable),
+    # and from then on its sender may download the round's frames for an audit.
+    st = torch.zeros(NUMEL)
+    mine = LocalState(0, "d0", st, st.clone())
+    ex = ModuleExchange(SPEC, None, "QmR", {"m": NUMEL}, lambda m: mine, exchange_closer(SPEC))
+    result = RoundResult("m", 0, "merged", b"x", ["QmA", "QmR"], 10, "d1", reducer="QmR",
+                         frames=(("QmA", 5, "00"), ("QmR", 5, "11")))
+    ex.audits.store.keep("m", 0, {"QmA": (5, b"a"), "QmR": (5, b"r")})
+    assert ex._answer(result, "QmA").status == "merged"
+    assert ex._answer(result, "QmLate").status == "late"
+    assert ex.audits.store.may_read("m", 0, "QmLate") and ex.audits.store.may_read("m", 0, "QmA")
+    assert not ex.audits.store.may_read("m", 0, "QmStranger")

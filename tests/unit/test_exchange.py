@@ -391,14 +391,33 @@ def test_a_reducer_alone_in_its_round_names_its_partners_so_split_sides_meet_aga
 
 
 def test_a_round_later_than_the_swarms_age_allows_is_refused_before_anything_reads_it():
+    import socket
     import time
 
     old = SPEC.replace(created=int(time.time()) - 60)
-    ex = ModuleExchange(old, None, "reducer", {"L0M0": NUMEL}, lambda m: None, exchange_closer(old))
+    st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+    mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
+
+    async def contribute(ex: ModuleExchange, round_: int) -> dict:
+        """One contribution from QmX over a real socket pair, through the exchange's handler; its answer."""
+        ours, theirs = socket.socketpair()
+        r1, w1 = await asyncio.open_connection(sock=ours)
+        r2, w2 = await asyncio.open_connection(sock=theirs)
+        await write_message(w2, {"module": "L0M0", "round": round_, "tokens": 10, "digest": mine.digest,
+                                 "client": True}, b"", ex.traffic)
+        await write_message(w2, {}, encode(torch.zeros(NUMEL)), ex.traffic)
+        await ex._on_contribute("QmX", r1, w1)
+        header, _ = await read_message(r2, 0, ex.traffic)
+        w2.close()
+        return header
+
+    ex = ModuleExchange(old, None, "reducer", {"L0M0": NUMEL}, lambda m: mine, exchange_closer(old))
     limit = old.round_limit(time.time())
-    assert ex._bounded_round(7) == 7 and ex._bounded_round(limit - 10) == limit - 10
-    with pytest.raises(WireError, match="later than the swarm's age allows"):
-        ex._bounded_round(1 << 40)  # a contribution or stance question claiming it never reaches the round rules
-    assert ex.behind == {}
-    undated = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: None, exchange_closer(SPEC))
-    assert undated._bounded_round(1 << 40) == 1 << 40  # no creation time: only the int64 bound applies
+    got = asyncio.run(contribute(ex, 1 << 40))
+    assert got["status"] == "refused" and "later than the swarm's age allows" in got["reason"]
+    assert ex.behind == {} and ex.clients == set() and not ex._open  # nothing of it was read or remembered
+    # Within the bound, a later round is the usual hint that we may be behind (node/peer/vouch.py decides).
+    assert asyncio.run(contribute(ex, min(limit, 5)))["status"] == "behind"
+    assert ex.behind == {"L0M0": "QmX"} and ex.clients == {"QmX"}
+    undated = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: mine, exchange_closer(SPEC))
+    assert asyncio.run(contribute(undated, 1 << 40))["status"] == "behind"  # no creation time: int64 bound only
