@@ -103,6 +103,10 @@ class PathClaim(_PathRecord):
     """The claimant cannot be dialed (behind NAT: protocol/reachability.py): never a reducer candidate."""
 
 
+MAX_DISTRUSTS = 8
+"""Most peers one announcement names as caught lying."""
+
+
 class ModuleAnnouncement(_Record):
     """A peer announces it holds a module's state at a round, so joiners know whom to fetch it from."""
 
@@ -118,6 +122,9 @@ class ModuleAnnouncement(_Record):
     """Number of parameters in the module (a downloader bounds its allocation by it)."""
     client: bool = False
     """The announcer cannot be dialed: it vouches for the digest but serves no downloads."""
+    distrusts: tuple[PeerIdStr, ...] = Field(default=(), max_length=MAX_DISTRUSTS)
+    """Reducers the announcer caught lying (node/peer/audit.py), its latest ones: a joiner with no history of its
+    own leaves out of its count a peer that most announcers distrust (node/peer/vouch.py `voted_out`)."""
 
 
 class NodeMetrics(_PathRecord):

@@ -14,7 +14,14 @@ from pathswarm.node.peer.background import Chores
 from pathswarm.node.peer.config import NodeStatus
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import announce_module, publish_metrics, publish_revocations, read_revocations
-from pathswarm.protocol.records import MAX_GROUPS, MAX_HISTORY, ModuleAnnouncement, NodeMetrics, announce_ttl_s
+from pathswarm.protocol.records import (
+    MAX_DISTRUSTS,
+    MAX_GROUPS,
+    MAX_HISTORY,
+    ModuleAnnouncement,
+    NodeMetrics,
+    announce_ttl_s,
+)
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.spec_share import announce_spec_server
 
@@ -41,8 +48,9 @@ class Announcer:
     def announce(self) -> None:
         """Module announcements and metrics as of now; the DHT stores run on the chores thread."""
         st = self.status
+        distrusts = tuple(list(st.distrusted)[-MAX_DISTRUSTS:])  # the latest caught (dicts keep insertion order)
         announcements = [ModuleAnnouncement(module_id=mid, round=o.round, digest=o.digest(), peer_id=self.sdht.peer_id,
-                                            numel=o.anchor.numel(), client=self.sdht.client_mode)
+                                            numel=o.anchor.numel(), client=self.sdht.client_mode, distrusts=distrusts)
                          for mid, o in ((mid, self.worker.outer[mid]) for mid in self.worker.module_ids)]
         metrics = NodeMetrics(
             path=self.worker.path, peer_id=self.sdht.peer_id, round=st.round, loss=max(0.0, st.loss),

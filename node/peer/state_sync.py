@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from pathswarm.node.model.model import unflatten_like
 from pathswarm.node.peer.config import NodeStatus
-from pathswarm.node.peer.vouch import Vouched, counted_peers, majority_state, vouched_state
+from pathswarm.node.peer.vouch import Vouched, counted_peers, majority_state, voted_out, vouched_state
 from pathswarm.node.train.checkpoint import Checkpoint, CheckpointError, ModuleState, load_checkpoint
 from pathswarm.node.train.outer import state_digest
 from pathswarm.node.train.warm_start import InitMismatchError, check_init
@@ -33,6 +33,8 @@ class StateSync:
         self._checks: dict[str, tuple[float, float]] = {}  # module → (first check, next check) of a resync_check
         self.clients: set[str] = set()
         """Announcers that cannot be dialed (their announcements say so): never asked for state."""
+        self.votes: dict[str, tuple[str, ...]] = {}
+        """Announcer → the peers its latest announcement says it caught lying (node/peer/vouch.py `voted_out`)."""
 
     def publish_local(self, mid: str) -> None:
         st = self.worker.outer[mid]
@@ -57,11 +59,16 @@ class StateSync:
         round re-syncs us then, by the same rule)."""
         deadline = time.monotonic() + self.spec.averaging.timeout_s
         patience = time.monotonic() + self.spec.averaging.grace_s
+        # Who the holders of every module of ours say they caught lying, before the first module is counted
+        # (a peer caught by holders of another module of ours counts as caught for this one too).
+        for mid in self.worker.module_ids if self.sdht is not None else ():
+            self.note_clients(read_module_holders(self.sdht, self.spec, mid))
+        voters = {p for mid in self.worker.module_ids for p in holders(mid)}
         for mid in self.worker.module_ids:
             got = ""
             while True:
                 anns = [] if self.sdht is None else read_module_holders(self.sdht, self.spec, mid)
-                got = self._adopt_vouched(mid, anns, holders(mid), resumed)
+                got = self._adopt_vouched(mid, anns, holders(mid), resumed, voters)
                 if not got and need_init:
                     got = self._adopt_round0(mid, anns)
                 ahead = any(a.round > self.worker.outer[mid].round for a in anns if a.peer_id != self.status.peer_id)
@@ -77,12 +84,16 @@ class StateSync:
             logger.info("module %s from %s", mid, got or (source if ckpt is None else
                                                           f"checkpoint round {ckpt.modules[mid].round}"))
 
-    def _adopt_vouched(self, mid: str, anns, claimed: dict[str, int], resumed: bool) -> str:
+    def _adopt_vouched(self, mid: str, anns, claimed: dict[str, int], resumed: bool,
+                       voters: Collection[str] = ()) -> str:
+        """At start, with no history of our own: the claims' holders count, less those most of `voters` (the
+        holders of all our modules) announce they caught lying."""
         me, mine = self.status.peer_id, self.worker.outer[mid]
         self.note_clients(anns)
         seasoned = {p for p, r in claimed.items() if r > 0}
+        caught = set(self.status.distrusted) | voted_out(self.votes, voters, me)
         got = vouched_state([(a.peer_id, a.round, a.digest) for a in anns], me, mine.round,
-                            counted_peers(seasoned, claimed, me, self.status.distrusted))
+                            counted_peers(seasoned, claimed, me, caught))
         if got is None:
             return ""
         for peer in got.peers:
@@ -175,6 +186,8 @@ class StateSync:
                 self.clients.discard(a.peer_id)  # its latest announcement: it may have become reachable
             elif len(self.clients) < MAX_CLIENTS:
                 self.clients.add(a.peer_id)
+            if a.peer_id in self.votes or (a.distrusts and len(self.votes) < MAX_CLIENTS):
+                self.votes[a.peer_id] = a.distrusts  # its latest word (bounded: one entry per announcer)
 
     def download(self, mid: str, peer: str, keep_progress: bool = False,
                  expect: tuple[int, str] | None = None) -> bool:

@@ -54,3 +54,23 @@ def counted_peers(merged_with: Iterable[str], claim_holders: Iterable[str], me: 
     never a peer we caught lying (node/peer/audit.py), whose own replicas it may have made agree with it."""
     out = set(merged_with) - {me} or set(claim_holders) - {me}
     return out - set(distrusted)
+
+
+def voted_out(votes: dict[str, Collection[str]], voters: Collection[str], me: str) -> set[str]:
+    """Peers that a strict majority of `voters` announce they caught lying (`ModuleAnnouncement.distrusts`; never
+    us; a target counts as voting for itself, so two peers that accuse each other both stay): a node with no history
+    of its own (a joiner) does not count them.
+
+    Why: a joiner counts the claims' holders, and a reducer caught lying by the others still holds the module and
+    announces its own state; with one honest holder against it, nobody has a majority and the joiner starts the
+    module from round 0 (benchmarks/hostile.py, `lying-reducer`). The peers that caught it say so in their
+    announcements. A vote is as cheap as a claim, so this gives a joiner nothing it did not already take on the
+    claims' word (sybil claimants could outvote honest holders in its count anyway); nodes with history of their
+    own count only their own proofs."""
+    voters = set(voters) - {me}
+    out = set()
+    for target in {t for v in voters for t in votes.get(v, ())} - {me}:
+        against = sum(1 for v in voters - {target} if target in votes.get(v, ()))
+        if 2 * against > len(voters | {target}):
+            out.add(target)
+    return out

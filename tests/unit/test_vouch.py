@@ -48,3 +48,21 @@ def test_the_majority_state_is_what_a_node_told_it_is_out_of_sync_compares_with_
     assert majority_state([("a", 5, "p"), ("b", 6, "q")], "me", HONEST) is None
     assert majority_state([("evil", 9, "x"), ("evil2", 9, "x"), ("a", 5, "g5")], "me", HONEST) == Vouched(
         5, "g5", ("a",))  # uncounted ids are not votes
+
+
+def test_a_joiner_leaves_out_a_peer_most_holders_caught_lying_and_nothing_else():
+    from pathswarm.node.peer.vouch import voted_out
+
+    # The lying-reducer case: a and b caught the liar; the liar says it caught a. Voters: every holder of our modules.
+    votes = {"a": ("liar",), "b": ("liar",), "liar": ("a",)}
+    assert voted_out(votes, {"a", "b", "liar", "me"}, "me") == {"liar"}
+    # With it left out, one honest holder of a module the liar also holds is a majority of the rest.
+    anns = [("a", 12, "d-honest"), ("liar", 12, "d-liar")]
+    counted = counted_peers((), {"a", "liar"}, "me", voted_out(votes, {"a", "b", "liar"}, "me"))
+    assert vouched_state(anns, "me", 0, counted) == Vouched(12, "d-honest", ("a",))
+    assert vouched_state(anns, "me", 0, counted_peers((), {"a", "liar"}, "me")) is None  # a tie without the votes
+    # A tie of votes, a minority, votes about us, and votes from peers that are not voters move nothing.
+    assert voted_out({"a": ("liar",), "liar": ("a",)}, {"a", "liar"}, "me") == set()
+    assert voted_out({"a": ("b",)}, {"a", "b", "c", "d"}, "me") == set()
+    assert voted_out({"a": ("me",), "b": ("me",)}, {"a", "b"}, "me") == set()
+    assert voted_out({"x": ("a",), "y": ("a",), "z": ("a",)}, {"a", "b"}, "me") == set()
