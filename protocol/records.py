@@ -126,6 +126,11 @@ class ModuleAnnouncement(_Record):
     """Reducers the announcer caught lying (node/peer/audit.py), its latest ones: a joiner with no history of its
     own leaves out of its count a peer that most announcers distrust (node/peer/vouch.py `voted_out`)."""
 
+    @field_validator("distrusts", mode="before")
+    @classmethod
+    def _list_to_tuple(cls, v: Any) -> Any:
+        return tuple(v) if isinstance(v, list) else v  # the wire (msgpack) has lists only
+
 
 class NodeMetrics(_PathRecord):
     """One node's latest progress, for dashboards and the swarm's health summary."""

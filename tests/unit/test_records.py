@@ -29,7 +29,9 @@ CLAIM = {"path": [1, 2], "peer_id": PEER, "tokens_per_s": 1234.5, "round": 7, "e
 ANNOUNCEMENT = {"module_id": "L1M2", "round": 3, "digest": "ab" * 32, "peer_id": PEER, "numel": 1000}
 METRICS = {"path": [0, 0], "peer_id": PEER, "round": 3, "loss": 2.5, "tokens_per_s": 900.0,
            "bytes_sent": 10, "bytes_received": 20}
-GOOD = [(PathClaim, CLAIM), (ModuleAnnouncement, ANNOUNCEMENT), (NodeMetrics, METRICS)]
+GOOD = [(PathClaim, CLAIM), (ModuleAnnouncement, ANNOUNCEMENT), (NodeMetrics, METRICS),
+        # the wire (msgpack) has lists only: a node that caught a liar announces it in one
+        (ModuleAnnouncement, {**ANNOUNCEMENT, "distrusts": [PEER, "QmOther"]})]
 
 
 @pytest.mark.parametrize("model, raw", GOOD)
@@ -97,6 +99,8 @@ BAD = [
     (ModuleAnnouncement, {**ANNOUNCEMENT, "digest": ""}),
     (ModuleAnnouncement, {**ANNOUNCEMENT, "module_id": "L0M1\n"}),
     (ModuleAnnouncement, {**ANNOUNCEMENT, "numel": -5}),
+    (ModuleAnnouncement, {**ANNOUNCEMENT, "distrusts": [f"Qm{i}" for i in range(9)]}),  # at most 8
+    (ModuleAnnouncement, {**ANNOUNCEMENT, "distrusts": ["not an id"]}),
     (NodeMetrics, {**METRICS, "loss": float("-inf")}),
     (NodeMetrics, {**METRICS, "bytes_sent": 1.5}),
     (PathClaim, None),
