@@ -35,6 +35,8 @@ class StateSync:
         """Announcers that cannot be dialed (their announcements say so): never asked for state."""
         self.votes: dict[str, tuple[str, ...]] = {}
         """Announcer → the peers its latest announcement says it caught lying (node/peer/vouch.py `voted_out`)."""
+        self.voters: set[str] = set()
+        """The claims' holders of all our modules at start: whose votes count while we have no history."""
 
     def publish_local(self, mid: str) -> None:
         st = self.worker.outer[mid]
@@ -63,7 +65,7 @@ class StateSync:
         # (a peer caught by holders of another module of ours counts as caught for this one too).
         for mid in self.worker.module_ids if self.sdht is not None else ():
             self.note_clients(read_module_holders(self.sdht, self.spec, mid))
-        voters = {p for mid in self.worker.module_ids for p in holders(mid)}
+        voters = self.voters = {p for mid in self.worker.module_ids for p in holders(mid)}
         for mid in self.worker.module_ids:
             got = ""
             while True:
@@ -132,7 +134,10 @@ class StateSync:
         announced = [(a.peer_id, a.round, a.digest) for a in anns]
         # list(): one step under the GIL, so the chores thread (split watch) reads it while the training thread adds
         merged = {p for members in list(self.status.groups.get(mid, {}).values()) for p in members}
-        return announced, me, counted_peers(merged, claim_holders, me, list(self.status.distrusted))
+        caught = set(self.status.distrusted)
+        if not merged - {me}:  # no history of this module yet: the claims count, less whom most holders caught
+            caught |= voted_out(self.votes, self.voters | set(claim_holders), me)
+        return announced, me, counted_peers(merged, claim_holders, me, caught)
 
     def behind(self, mid: str, claim_holders: list[str], rounds) -> None:
         """A contribution claimed a later round of `mid` than ours: re-sync only to a state a majority vouches for."""
