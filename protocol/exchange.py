@@ -233,6 +233,8 @@ class ModuleExchange:
         # peer → why we no longer trust it: it misreported our contribution or sent a mean its frames do not give
         # (protocol/audit.py). It is never our reducer again, and we neither ask its stance nor merge its frames.
         self.distrusted: dict[str, str] = {}
+        self.voted_out: frozenset[str] = frozenset()
+        """Peers most holders of our modules announce they caught lying (set by node/peer/state_sync.py)."""
         # (module, round) → (tokens, frame hash) of every frame we sent for it: a resend after a lost reply carries
         # a newer frame, and the reducer answers from the round it closed with the older one (not a lie)
         self._sent: dict[tuple[str, int], set[tuple[int, str]]] = {}
@@ -251,8 +253,10 @@ class ModuleExchange:
             self.distrusted[peer] = reason
 
     def _shunned(self, peer: str) -> bool:
-        """Revoked by the owner, or proven to have lied to us: no say in our rounds."""
-        return peer in self.distrusted or self.gate.revoked(peer)
+        """Revoked by the owner, proven to have lied to us, or caught lying by most holders of our modules
+        (`voted_out`, node/peer/vouch.py): never our reducer, no say in who reduces. The others leave a liar they
+        caught; a member that followed the list to it would merge its rounds alone with the liar."""
+        return peer in self.distrusted or peer in self.voted_out or self.gate.revoked(peer)
 
     def _frame_limit(self, module: str) -> int:
         # An int8 frame is ~1 byte per value plus scales and headers; 2× + 64 KiB is a generous cap.

@@ -66,6 +66,7 @@ class StateSync:
         for mid in self.worker.module_ids if self.sdht is not None else ():
             self.note_clients(read_module_holders(self.sdht, self.spec, mid))
         voters = self.voters = {p for mid in self.worker.module_ids for p in holders(mid)}
+        self.note_clients([])  # the votes just read, as reducer candidates to skip
         for mid in self.worker.module_ids:
             got = ""
             while True:
@@ -193,6 +194,8 @@ class StateSync:
                 self.clients.add(a.peer_id)
             if a.peer_id in self.votes or (a.distrusts and len(self.votes) < MAX_CLIENTS):
                 self.votes[a.peer_id] = a.distrusts  # its latest word (bounded: one entry per announcer)
+        if self.voters:
+            self.exchange.voted_out = frozenset(voted_out(self.votes, self.voters, self.status.peer_id))
 
     def download(self, mid: str, peer: str, keep_progress: bool = False,
                  expect: tuple[int, str] | None = None) -> bool:
