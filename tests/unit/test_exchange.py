@@ -421,3 +421,14 @@ def test_a_round_later_than_the_swarms_age_allows_is_refused_before_anything_rea
     assert ex.behind == {"L0M0": "QmX"} and ex.clients == {"QmX"}
     undated = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: mine, exchange_closer(SPEC))
     assert asyncio.run(contribute(undated, 1 << 40))["status"] == "behind"  # no creation time: int64 bound only
+
+
+def test_a_peer_most_holders_caught_lying_is_neither_our_reducer_nor_asked_who_reduces():
+    st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+    mine = LocalState(st.round, st.digest(), st.anchor, st.momentum, reducers=("liar", "a", "me"))
+    ex = ModuleExchange(SPEC, None, "me", {"L0M0": NUMEL}, lambda m: mine, exchange_closer(SPEC))
+    ex.streams = object()  # _must_ask answers [] offline; nothing is sent here
+    assert ex._must_ask("L0M0", mine) == ["liar", "a"]
+    ex.voted_out = frozenset({"liar"})  # node/peer/state_sync.py sets it from the announcements' votes
+    assert ex._must_ask("L0M0", mine) == ["a"]
+    assert ex._shunned("liar") and not ex._shunned("a")
