@@ -24,7 +24,8 @@ process) may close the same round as its successor. Those splits are detected fr
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
 
 MAX_CANDIDATES = 64
@@ -90,3 +91,10 @@ def parse_candidates(value: object) -> tuple[str, ...]:
             raise ValueError("reducers must be peer ids")
         out.append(p)
     return tuple(out)
+
+
+def list_digest(reducers: Sequence[str]) -> str:
+    """sha256 (hex) of a candidate list. Announced beside a module's state digest, which does not cover the list: a
+    node that downloads a state takes the list that came with it only if a majority of the state's announcers
+    announce the same list (node/peer/vouch.py), so a state server cannot put itself at the head of our list."""
+    return hashlib.sha256("\n".join(reducers).encode()).hexdigest()

@@ -22,6 +22,7 @@ from pathswarm.protocol.records import (
     NodeMetrics,
     announce_ttl_s,
 )
+from pathswarm.protocol.reducers import list_digest
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.spec_share import announce_spec_server
 
@@ -50,7 +51,8 @@ class Announcer:
         st = self.status
         distrusts = tuple(list(st.distrusted)[-MAX_DISTRUSTS:])  # the latest caught (dicts keep insertion order)
         announcements = [ModuleAnnouncement(module_id=mid, round=o.round, digest=o.digest(), peer_id=self.sdht.peer_id,
-                                            numel=o.anchor.numel(), client=self.sdht.client_mode, distrusts=distrusts)
+                                            numel=o.anchor.numel(), client=self.sdht.client_mode, distrusts=distrusts,
+                                            reducers_digest=list_digest(o.reducers))
                          for mid, o in ((mid, self.worker.outer[mid]) for mid in self.worker.module_ids)]
         metrics = NodeMetrics(
             path=self.worker.path, peer_id=self.sdht.peer_id, round=st.round, loss=max(0.0, st.loss),

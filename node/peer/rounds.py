@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathswarm.node.peer.audit import Auditor
 from pathswarm.node.peer.claims import Groups
 from pathswarm.node.peer.config import NodeConfig, NodeStatus
+from pathswarm.node.peer.vouch import Vouched
 from pathswarm.node.train.outer import OuterState
 from pathswarm.node.train.round import Contribution, close_round, make_contribution, reference_norm, settle
 from pathswarm.node.train.worker import PathWorker
@@ -58,8 +59,8 @@ class Rounds:
         # skipped round): the next outer gradient of that module carries those steps, so it counts them too.
         self.carry: dict[str, int] = {}
         self.resync_from: dict[str, str] = {}
-        self.resync_expect: dict[str, tuple[int, str]] = {}
-        """Module → the (round, digest) a re-sync must yield, when a majority vouched for it (node/peer/vouch.py)."""
+        self.resync_expect: dict[str, Vouched] = {}
+        """Module → the state a re-sync must yield, when a majority vouched for it (node/peer/vouch.py)."""
         self.resync_check: dict[str, str] = {}
         """Module → the peer (a reducer) that says our state is not the group's: a hint, never a source. The node
         re-syncs only to a state a majority of the module's holders announce (StateSync.resync)."""

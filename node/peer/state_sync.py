@@ -18,6 +18,7 @@ from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import read_module_holders
 from pathswarm.protocol.exchange import MAX_CLIENTS, LocalState, ModuleExchange
 from pathswarm.protocol.netloop import NetLoop
+from pathswarm.protocol.reducers import list_digest
 from pathswarm.protocol.spec import SwarmSpec
 
 logger = logging.getLogger(__name__)
@@ -95,12 +96,12 @@ class StateSync:
         self.note_clients(anns)
         seasoned = {p for p, r in claimed.items() if r > 0}
         caught = set(self.status.distrusted) | voted_out(self.votes, voters, me)
-        got = vouched_state([(a.peer_id, a.round, a.digest) for a in anns], me, mine.round,
+        got = vouched_state([(a.peer_id, a.round, a.digest, a.reducers_digest) for a in anns], me, mine.round,
                             counted_peers(seasoned, claimed, me, caught))
         if got is None:
             return ""
         for peer in got.peers:
-            if self.download(mid, peer, keep_progress=resumed, expect=(got.round, got.digest)):
+            if self.download(mid, peer, keep_progress=resumed, expect=got):
                 return f"peer {peer[-8:]} round {got.round} (announced by {len(got.peers)} of its holders)"
         return ""
 
@@ -132,7 +133,7 @@ class StateSync:
         me = self.status.peer_id
         anns = read_module_holders(self.sdht, self.spec, mid)
         self.note_clients(anns)
-        announced = [(a.peer_id, a.round, a.digest) for a in anns]
+        announced = [(a.peer_id, a.round, a.digest, a.reducers_digest) for a in anns]
         # list(): one step under the GIL, so the chores thread (split watch) reads it while the training thread adds
         merged = {p for members in list(self.status.groups.get(mid, {}).values()) for p in members}
         caught = set(self.status.distrusted)
@@ -148,7 +149,7 @@ class StateSync:
                            "announces a later state; not re-syncing", mid, self.worker.outer[mid].round)
             return
         rounds.resync_from[mid] = got.peers[0]
-        rounds.resync_expect[mid] = (got.round, got.digest)
+        rounds.resync_expect[mid] = got
 
     def resync(self, rounds, holders: Callable[[str], list[str]]) -> None:
         """The re-syncs the rounds asked for. A reducer's word that we are out of sync (`rounds.resync_check`) is
@@ -178,11 +179,15 @@ class StateSync:
                 continue
             servers = [p for p in got.peers if p not in self.clients] or list(got.peers)
             rounds.resync_from[mid] = hint if hint in servers else servers[0]
-            rounds.resync_expect[mid] = (got.round, got.digest)
+            rounds.resync_expect[mid] = got
         for mid, peer in list(rounds.resync_from.items()):
-            if self.download(mid, peer, keep_progress=True, expect=rounds.resync_expect.pop(mid, None)):
-                logger.info("re-synced %s from %s at round %d", mid, peer[-8:], self.worker.outer[mid].round)
-                self.publish_local(mid)
+            expect = rounds.resync_expect.pop(mid, None)
+            # The first choice, then the state's other announcers (one may serve a list the others do not hold).
+            for server in [peer] + [p for p in (expect.peers if expect else ()) if p != peer and p not in self.clients]:
+                if self.download(mid, server, keep_progress=True, expect=expect):
+                    logger.info("re-synced %s from %s at round %d", mid, server[-8:], self.worker.outer[mid].round)
+                    self.publish_local(mid)
+                    break
             rounds.resync_from.pop(mid)
 
     def note_clients(self, anns) -> None:
@@ -197,10 +202,10 @@ class StateSync:
         if self.voters:
             self.exchange.voted_out = frozenset(voted_out(self.votes, self.voters, self.status.peer_id))
 
-    def download(self, mid: str, peer: str, keep_progress: bool = False,
-                 expect: tuple[int, str] | None = None) -> bool:
-        """Adopt `peer`'s state of `mid` if it matches its own digest (and is `expect`'s (round, digest) when
-        given: a state a majority vouched for); keep_progress: our local steps since our anchor stay on top."""
+    def download(self, mid: str, peer: str, keep_progress: bool = False, expect: Vouched | None = None) -> bool:
+        """Adopt `peer`'s state of `mid` if it matches its own digest (and is `expect`'s round, digest and, when a
+        majority of its announcers agree on one, reducer list: a state a majority vouched for); keep_progress: our
+        local steps since our anchor stay on top."""
         if peer in self.clients:  # behind NAT: it vouches for the state, it cannot serve it
             logger.debug("not downloading %s from %s: it cannot be dialed", mid, peer[-8:])
             return False
@@ -211,9 +216,13 @@ class StateSync:
         if state_digest(got.anchor, got.momentum, got.round) != got.digest:
             logger.warning("state of %s from %s fails its digest; ignored", mid, peer[-8:])
             return False
-        if expect is not None and (got.round, got.digest) != tuple(expect):
+        if expect is not None and (got.round, got.digest) != (expect.round, expect.digest):
             logger.warning("state of %s from %s is round %d %s, not the vouched round %d %s; ignored", mid,
-                           peer[-8:], got.round, got.digest, *expect)
+                           peer[-8:], got.round, got.digest, expect.round, expect.digest)
+            return False
+        if expect is not None and expect.reducers and list_digest(got.reducers) != expect.reducers:
+            logger.warning("state of %s from %s comes with a reducer list its other announcers do not hold; ignored",
+                           mid, peer[-8:])
             return False
         if got.round == 0:
             try:

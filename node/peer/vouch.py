@@ -22,25 +22,37 @@ class Vouched:
     digest: str
     peers: tuple[str, ...]
     """Who announces it (sorted): where to download it from."""
+    reducers: str = ""
+    """The digest of the reducer list a strict majority of `peers` announce with it ("" when none has one): the list
+    a download brings must have it (the state digest does not cover the list)."""
 
 
-def majority_state(announced: Iterable[tuple[str, int, str]], me: str, counted: Collection[str]) -> Vouched | None:
-    """(peer, round, digest) announcements of one module → the (round, digest) that more than half of the announcers
-    in `counted` (never ourselves) hold, each at its latest announcement; None if none has a strict majority."""
+def majority_state(announced: Iterable[tuple], me: str, counted: Collection[str]) -> Vouched | None:
+    """(peer, round, digest[, list digest]) announcements of one module → the (round, digest) that more than half of
+    the announcers in `counted` (never ourselves) hold, each at its latest announcement; None if none has a strict
+    majority. Its `reducers`: the list digest a strict majority of those holders announce."""
     latest: dict[str, tuple[int, str]] = {}
-    for peer, round_, digest in announced:
+    lists: dict[str, str] = {}
+    for peer, round_, digest, *rest in announced:
         if peer != me and peer in counted and round_ >= latest.get(peer, (-1, ""))[0]:
             latest[peer] = (round_, digest)
+            lists[peer] = rest[0] if rest else ""
     if not latest:
         return None
     tally: dict[tuple[int, str], list[str]] = {}
     for peer, state in latest.items():
         tally.setdefault(state, []).append(peer)
     (round_, digest), peers = max(tally.items(), key=lambda kv: (len(kv[1]), kv[0][0], kv[0][1]))
-    return Vouched(round_, digest, tuple(sorted(peers))) if 2 * len(peers) > len(latest) else None
+    if 2 * len(peers) <= len(latest):
+        return None
+    by_list: dict[str, int] = {}
+    for p in peers:
+        by_list[lists[p]] = by_list.get(lists[p], 0) + 1
+    top = max(by_list, key=lambda d: (by_list[d], d))
+    return Vouched(round_, digest, tuple(sorted(peers)), top if 2 * by_list[top] > len(peers) else "")
 
 
-def vouched_state(announced: Iterable[tuple[str, int, str]], me: str, my_round: int,
+def vouched_state(announced: Iterable[tuple], me: str, my_round: int,
                   counted: Collection[str]) -> Vouched | None:
     """The state to re-sync to, or None: the majority's (`majority_state`) if it is newer than `my_round`. (A group
     that says our replica differs at our own round is checked against `majority_state` directly: StateSync.resync.)"""

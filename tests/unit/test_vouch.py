@@ -66,3 +66,59 @@ def test_a_joiner_leaves_out_a_peer_most_holders_caught_lying_and_nothing_else()
     assert voted_out({"a": ("b",)}, {"a", "b", "c", "d"}, "me") == set()
     assert voted_out({"a": ("me",), "b": ("me",)}, {"a", "b"}, "me") == set()
     assert voted_out({"x": ("a",), "y": ("a",), "z": ("a",)}, {"a", "b"}, "me") == set()
+
+
+def test_the_reducer_list_a_download_must_bring_is_the_one_most_of_the_states_announcers_hold():
+    from pathswarm.protocol.reducers import list_digest
+
+    honest, forged = list_digest(("a", "b")), list_digest(("liar", "a", "b"))
+    assert honest != forged and len(honest) == 64
+    # The liar holds the same state (it re-synced from the others) but announces, and would serve, its own list.
+    anns = [("a", 7, "d7", honest), ("b", 7, "d7", honest), ("liar", 7, "d7", forged)]
+    got = majority_state(anns, "me", {"a", "b", "liar"})
+    assert got == Vouched(7, "d7", ("a", "b", "liar"), honest)
+    # No majority on a list (or announcements from before the field): no list is required, the state still is.
+    split = [("a", 7, "d7", honest), ("liar", 7, "d7", forged)]
+    assert majority_state(split, "me", {"a", "liar"}) == Vouched(7, "d7", ("a", "liar"), "")
+    assert majority_state([("a", 7, "d7"), ("b", 7, "d7")], "me", {"a", "b"}) == Vouched(7, "d7", ("a", "b"), "")
+
+
+def test_a_download_with_another_reducer_list_than_the_vouched_one_is_refused(synthetic_docs):
+    import torch
+
+    from pathswarm.node.model.data import TokenSampler
+    from pathswarm.node.peer.config import NodeStatus
+    from pathswarm.node.peer.rounds import exchange_closer
+    from pathswarm.node.peer.state_sync import StateSync
+    from pathswarm.node.train.outer import state_digest
+    from pathswarm.node.train.worker import PathWorker
+    from pathswarm.protocol.exchange import LocalState, ModuleExchange
+    from pathswarm.protocol.netloop import NetLoop
+    from pathswarm.protocol.reducers import list_digest
+    from pathswarm.protocol.spec import ModelSpec, SwarmSpec
+
+    spec = SwarmSpec(levels=(1,), model=ModelSpec(width=32, base_width=32, n_heads=2, layers_per_module=1,
+                                                  context_len=16))
+    sampler = TokenSampler(synthetic_docs, spec.model.context_len, seed=0)
+    worker = PathWorker(spec, (0,), lambda: sampler.sample(2))
+    numels = {m: worker.flat(m).numel() for m in worker.module_ids}
+    exchange = ModuleExchange(spec, None, "me", numels, lambda m: None, exchange_closer(spec))
+    anchor = torch.full((numels["shared"],), 0.5)
+    momentum = torch.zeros_like(anchor)
+    digest = state_digest(anchor, momentum, 7)
+    served = {"a": ("a", "b"), "liar": ("liar", "a", "b")}  # the same state, each with its own list
+
+    async def fetch_state(peer, module, timeout_s):
+        return LocalState(7, digest, anchor.clone(), momentum.clone(), served[peer])
+
+    exchange.fetch_state = fetch_state  # the exchange's own download is tested end to end (tests/swarm)
+    net = NetLoop()
+    try:
+        sync = StateSync(spec, worker, NodeStatus(peer_id="me"), exchange, net)
+        vouched = Vouched(7, digest, ("a", "b", "liar"), list_digest(("a", "b")))
+        assert not sync.download("shared", "liar", expect=vouched)  # its list is not the one most announcers hold
+        assert worker.outer["shared"].round == 0
+        assert sync.download("shared", "a", expect=vouched)
+        assert worker.outer["shared"].round == 7 and worker.outer["shared"].reducers == ("a", "b")
+    finally:
+        net.stop()
