@@ -28,14 +28,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PATHS = {"a": "0.0", "b": "0.1"}  # both hold `shared` and L0M0
 ROUNDS = 10
 JOINER = {"name": "c", "path": "0.0", "rounds": 3}  # joins a's path: holds every module a holds, `shared` with b
-# Honest loss may end at most this much above the clean run's, node by node. Every arm has the same joiner, started
-# once node a has trained a round. It joins a trained path: a joiner on path 1.0 brings an untrained L0M1, and its
-# outer gradients of `shared` and L1M0, made through that random module, cost a up to 0.7 of loss in 10 rounds, by
-# chance, even with the same joiner in the clean arm (a ended at 2.29-2.94 against a clean 2.23-2.29 in five runs):
-# a weakness of joining (the closing notes carry it), not an attack. Clean runs spread by about 10 % from network
-# timing alone (where the overlapped outer step lands in the next round's inner steps), more under the full suite's
-# load. A forged state (anchor 1e3) ends far above; the 2 % goal is measured over longer, repeated runs by
-# benchmarks/hostile.py (1.006-1.008).
+# Honest training loss over the last rounds may end at most this much above the clean run's, node by node. Every arm
+# has the same joiner, started once node a has trained a round. It joins a trained path: a joiner on path 1.0 brings
+# an untrained L0M1, and its outer gradients of `shared` and L1M0, made through that random module, cost a up to 0.7
+# of loss in 10 rounds, by chance, even with the same joiner in the clean arm (a ended at 2.29-2.94 against a clean
+# 2.23-2.29 in five runs): a weakness of joining (the closing notes carry it), not an attack. Clean runs spread by
+# about 10 % from network timing alone (where the overlapped outer step lands in the next round's inner steps), more
+# under the full suite's load. A forged state (anchor 1e3) ends far above; the 2 % goal is measured over longer,
+# repeated runs by benchmarks/hostile.py (1.006-1.008).
 LOSS_TOLERANCE = 0.25
 # Every node audits every round it did not reduce (1 in 8 otherwise, in a group of 2 or 3): a lying reducer is
 # caught in the round it lies, and every arm pays the same audits.
@@ -107,13 +107,24 @@ def clean_loss(tmp_path_factory) -> dict[str, float]:
         st = finish(swarm)
     finally:
         swarm.close()
-    return {n: s["val_loss_after"] for n, s in st.items()}
+    return {n: final_train_loss(s) for n, s in st.items()}
+
+
+def final_train_loss(status: dict) -> float:
+    """Mean training loss of the node's last 3 rounds (its status' loss history: 3 × 10 steps × 4 sequences of 32
+    bytes). Compared with the clean run's instead of the final validation loss, which reads the 3 validation
+    documents (1,024 bytes) of the node's path: in one suite run node a's went 2.16 → 2.40 → 3.14 over its last
+    two rounds while its training loss fell 2.28 → 2.14 and its path neighbour ended at 2.19 (a ±30 % swing from
+    the last outer steps on a tiny set, not an attack). A forged state or an applied lie moves the anchor that the
+    next inner steps start from, so it shows in the training loss as well."""
+    last = [loss for _, loss in status["loss_history"][-3:]]
+    return sum(last) / len(last)
 
 
 def assert_learned_as_clean(st: dict[str, dict], clean: dict[str, float]) -> None:
     for n, s in st.items():
         assert s["val_loss_after"] < s["val_loss_before"] - 0.5, (n, s)
-        assert s["val_loss_after"] <= (1 + LOSS_TOLERANCE) * clean[n], (n, s["val_loss_after"], clean)
+        assert final_train_loss(s) <= (1 + LOSS_TOLERANCE) * clean[n], (n, final_train_loss(s), clean)
 
 
 def test_a_peer_claiming_a_later_round_cannot_replace_a_modules_state(tmp_path, clean_loss):
