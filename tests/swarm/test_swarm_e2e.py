@@ -15,7 +15,7 @@ import time
 import pytest
 
 from pathswarm.node.app.local_swarm import LocalSwarm
-from pathswarm.node.app.replicas import replica_mismatches
+from pathswarm.node.app.replicas import check_replicas, replica_mismatches
 from pathswarm.node.train.checkpoint import load_checkpoint
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec
 
@@ -145,8 +145,26 @@ def test_late_join_sigkill_and_sigterm(spec_path, tmp_path):
                    "node a to go on after b died")
         round_time = killed_at and (time.monotonic() - killed_at) / 2
         assert round_time < 20 + GRACE_S, round_time
-        mismatches, compared = replica_mismatches([swarm.status(n) for n in ("a", "b", "c")])
-        assert not mismatches and compared > 0, (mismatches, [swarm.tail(n) for n in ("a", "b", "c")])
+        check = check_replicas([swarm.status(n) for n in ("a", "b", "c")])
+        # A reducer killed just after closing a round with some members leaves the others to close it again without
+        # it (protocol/reducers.py, "what remains possible"; seen once here: b merged L1M0's round with c, a's
+        # contribution came after, a found b dead and merged it alone, and a and c then each held another state).
+        # So: no split before b's last round, and the survivors come back to one version (the split watch heals it).
+        b_status = swarm.status("b")
+        last_b = {m: max(map(int, rounds)) for m, rounds in b_status["history"].items() if rounds}
+        early = [str(m) for m in check.splits if int(m.round) < last_b.get(m.module, 1 << 62)]
+        assert check.digests_compared > 0 and not early, (early, [swarm.tail(n) for n in ("a", "b", "c")])
+
+        def healed() -> bool:
+            sa, sc = swarm.status("a"), swarm.status("c")
+            for m in ("shared", "L0M0", "L1M0"):  # a and c are both on path 0.0
+                common = set(sa["history"].get(m, {})) & set(sc["history"].get(m, {}))
+                last = max(common, key=int, default=None)
+                if last is None or sa["history"][m][last] != sc["history"][m][last]:
+                    return False
+            return True
+
+        wait_until(healed, 60, "a and c to hold one version of their latest common round of every module")
         # SIGTERM: a leaves within seconds with exit code 0 and a loadable checkpoint.
         swarm.signal("a", signal.SIGTERM)
         assert swarm.wait_nodes(["a"], timeout_s=30) == {"a": 0}
