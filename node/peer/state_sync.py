@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 
 from pathswarm.node.model.model import unflatten_like
 from pathswarm.node.peer.config import NodeStatus
@@ -62,17 +62,21 @@ class StateSync:
         round re-syncs us then, by the same rule)."""
         deadline = time.monotonic() + self.spec.averaging.timeout_s
         patience = time.monotonic() + self.spec.averaging.grace_s
-        # Who the holders of every module of ours say they caught lying, before the first module is counted
-        # (a peer caught by holders of another module of ours counts as caught for this one too).
-        for mid in self.worker.module_ids if self.sdht is not None else ():
-            self.note_clients(read_module_holders(self.sdht, self.spec, mid))
-        voters = self.voters = {p for mid in self.worker.module_ids for p in holders(mid)}
-        self.note_clients([])  # the votes just read, as reducer candidates to skip
+        # Every module's announcements before the first is counted: whom the holders of any module of ours say they
+        # caught lying counts for all of them. A module's first attempt below uses this read while it is fresh.
+        self.voters = {p for mid in self.worker.module_ids for p in holders(mid)}
+        first = ({mid: read_module_holders(self.sdht, self.spec, mid) for mid in self.worker.module_ids}
+                 if self.sdht is not None else {})
+        read_at = time.monotonic()
+        for anns in first.values():
+            self.note_announcements(anns)
         for mid in self.worker.module_ids:
             got = ""
             while True:
-                anns = [] if self.sdht is None else read_module_holders(self.sdht, self.spec, mid)
-                got = self._adopt_vouched(mid, anns, holders(mid), resumed, voters)
+                anns = first.pop(mid, None)
+                if anns is None or time.monotonic() - read_at > 1.0:
+                    anns = [] if self.sdht is None else read_module_holders(self.sdht, self.spec, mid)
+                got = self._adopt_vouched(mid, anns, holders(mid), resumed)
                 if not got and need_init:
                     got = self._adopt_round0(mid, anns)
                 ahead = any(a.round > self.worker.outer[mid].round for a in anns if a.peer_id != self.status.peer_id)
@@ -88,14 +92,13 @@ class StateSync:
             logger.info("module %s from %s", mid, got or (source if ckpt is None else
                                                           f"checkpoint round {ckpt.modules[mid].round}"))
 
-    def _adopt_vouched(self, mid: str, anns, claimed: dict[str, int], resumed: bool,
-                       voters: Collection[str] = ()) -> str:
-        """At start, with no history of our own: the claims' holders count, less those most of `voters` (the
-        holders of all our modules) announce they caught lying."""
+    def _adopt_vouched(self, mid: str, anns, claimed: dict[str, int], resumed: bool) -> str:
+        """At start, with no history of our own: the claims' holders count, less those most holders of our modules
+        announce they caught lying (`note_announcements`)."""
         me, mine = self.status.peer_id, self.worker.outer[mid]
-        self.note_clients(anns)
+        self.note_announcements(anns)
         seasoned = {p for p, r in claimed.items() if r > 0}
-        caught = set(self.status.distrusted) | voted_out(self.votes, voters, me)
+        caught = set(self.status.distrusted) | self.exchange.voted_out
         got = vouched_state([(a.peer_id, a.round, a.digest, a.reducers_digest) for a in anns], me, mine.round,
                             counted_peers(seasoned, claimed, me, caught))
         if got is None:
@@ -107,7 +110,7 @@ class StateSync:
 
     def _adopt_round0(self, mid: str, anns) -> str:
         """A warm start's round 0 from any announcer: its bytes must hash to the spec's digest (`download`)."""
-        self.note_clients(anns)
+        self.note_announcements(anns)
         for a in anns:
             if a.peer_id != self.status.peer_id and a.round == 0 and self.download(mid, a.peer_id):
                 return f"peer {a.peer_id[-8:]} round 0 (the spec's digest)"
@@ -132,7 +135,7 @@ class StateSync:
         """(announcements of `mid`, us, the peers whose announcements count)."""
         me = self.status.peer_id
         anns = read_module_holders(self.sdht, self.spec, mid)
-        self.note_clients(anns)
+        self.note_announcements(anns)
         announced = [(a.peer_id, a.round, a.digest, a.reducers_digest) for a in anns]
         # list(): one step under the GIL, so the chores thread (split watch) reads it while the training thread adds
         merged = {p for members in list(self.status.groups.get(mid, {}).values()) for p in members}
@@ -190,8 +193,10 @@ class StateSync:
                     break
             rounds.resync_from.pop(mid)
 
-    def note_clients(self, anns) -> None:
-        """Remember the announcers that cannot be dialed (protocol/reachability.py): never asked for state."""
+    def note_announcements(self, anns) -> None:
+        """Remember what announcements say beside the state: announcers that cannot be dialed
+        (protocol/reachability.py; never asked for state), and whom each says it caught lying: the peers most of
+        `self.voters` name become reducer candidates to skip (`ModuleExchange.voted_out`, node/peer/vouch.py)."""
         for a in anns:
             if not a.client:
                 self.clients.discard(a.peer_id)  # its latest announcement: it may have become reachable
