@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from pathswarm.node.peer.config import read_live
 from pathswarm.protocol.dht import publish_claim, read_claims, withdraw_claim
 from pathswarm.protocol.path_choice import choose_path
 from pathswarm.protocol.records import PathClaim
@@ -187,12 +188,9 @@ def partners_of(groups: Groups, merged: dict[str, dict[str, list[str]]], me: str
     the module, is not named."""
     out = {}
     for mid, reducible in groups.reducible.items():
-        seen: set[str] = set()
-        for _ in range(5):  # `merged` is the training thread's (status.groups): it may gain a round meanwhile
-            try:
-                seen = {p for peers in list(merged.get(mid, {}).values()) for p in peers}
-                break
-            except RuntimeError:
-                continue
+        try:  # `merged` is the training thread's (status.groups): it may gain a round meanwhile
+            seen = read_live(lambda mid=mid: {p for peers in list(merged.get(mid, {}).values()) for p in peers})
+        except RuntimeError:
+            seen = set()
         out[mid] = tuple(sorted((set(reducible) & seen) | {me}))
     return out

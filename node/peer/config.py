@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from pathswarm.protocol.spec import SwarmSpec
 
@@ -73,6 +75,20 @@ class NodeConfig:
     """Save the round in progress (node/partial_round.py) this often at most, and never spend more than
     1/PARTIAL_COST_SHARE of training time on it (0: never; needs checkpoint_dir): a crash then loses seconds of
     training, not the round."""
+
+
+T = TypeVar("T")
+
+
+def read_live(read: Callable[[], T], tries: int = 5) -> T:
+    """`read()`, which copies parts of a NodeStatus the training thread is changing meanwhile: a copy that meets a
+    dict being resized ("dictionary changed size during iteration") is taken again; the last try's error is raised."""
+    for _ in range(tries - 1):
+        try:
+            return read()
+        except RuntimeError:
+            continue
+    return read()
 
 
 @dataclass

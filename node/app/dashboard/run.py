@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 
 from pathswarm.node.app.dashboard.view import node_view
+from pathswarm.node.peer.config import read_live
 from pathswarm.protocol.spec import SwarmSpec
 
 logger = logging.getLogger(__name__)
@@ -34,16 +35,7 @@ def swarm_poll(spec: SwarmSpec, sdht: Callable[[], object | None]) -> Callable[[
 def node_poll(status) -> Callable[[], dict]:
     """The node's own view from its live status; the training thread changes the status meanwhile, so a copy that
     meets a dict being resized is taken again."""
-
-    def poll() -> dict:
-        for _ in range(5):
-            try:
-                return node_view(status)
-            except RuntimeError:  # "dictionary changed size during iteration"
-                continue
-        return node_view(status)
-
-    return poll
+    return lambda: read_live(lambda: node_view(status), tries=6)
 
 
 def check_host(host: str) -> None:
