@@ -34,11 +34,11 @@ class Heal:
 
 
 def split_verdict(module: str, my_round: int, my_digest: str, me: str,
-                  announced: Iterable[tuple[str, int, str]], counted: Collection[str] | None = None) -> Heal | None:
-    """(peer, round, digest) announcements of a module → a Heal when our version of our round lost, else None.
-    `counted`: the only announcers that count (None: all of them)."""
+                  announced: Iterable[tuple], counted: Collection[str] | None = None) -> Heal | None:
+    """(peer, round, digest[, reducer list digest]) announcements of a module → a Heal when our version of our round
+    lost, else None. `counted`: the only announcers that count (None: all of them)."""
     versions: dict[str, set[str]] = {my_digest: {me}}
-    for peer, round_, digest in announced:
+    for peer, round_, digest, *_ in announced:
         if round_ == my_round and peer != me and (counted is None or peer in counted):
             versions.setdefault(digest, set()).add(peer)
     if len(versions) < 2:

@@ -67,3 +67,11 @@ def test_candidate_lists_from_peers_are_bounded_peer_ids(bad):
     with pytest.raises(ValueError):
         parse_candidates(bad)
     assert parse_candidates(["QmA", "QmB"]) == ("QmA", "QmB")
+
+
+def test_announcements_with_their_reducer_list_digest_are_read_as_well():
+    # What StateSync.announced hands the split watch: (peer, round, digest, reducer list digest). A split watch that
+    # unpacked three fields raised on every check ("too many values to unpack") and healed nothing (a suite run).
+    anns = [("b", 5, "dB", "l1"), ("c", 5, "dB", "l1"), ("d", 4, "dA", "l0")]
+    heal = split_verdict("shared", 5, "dZ", "a", anns)
+    assert (heal.peer, heal.winner, heal.ours) == ("b", "dB", "dZ")
