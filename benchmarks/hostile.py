@@ -19,8 +19,12 @@ third node (path 1.0: it shares `shared`) joins a third of the way in and trains
 Contributions with bounded, scaled, sign-flipped, NaN or wrong-shape outer gradients are measured by
 benchmarks/byzantine.py on the node's round rule (a simulator: it needs no network to show the screen's effect).
 
-Per arm and honest node: final validation loss (mean over repeats, and each repeat), its ratio to the clean arm,
-rounds failed, bytes sent + received, replica mismatches, exit codes. JSON + a PNG of the ratios.
+Per arm and honest node: the loss of its final checkpoint on a held-out set (HELDOUT_DOCS generated documents the
+swarm never trained on, routed to the node's path: about 250 a path; mean over repeats, each repeat, and the ratio
+to the clean arm, which the goal reads), the node's own final validation loss beside it (3 documents a path in
+this spec: it swings by 10-30 % between rounds, too noisy for a 2 % goal), rounds failed and rounds sent again
+after a lie caught before applying, bytes sent + received, replica mismatches, exit codes. JSON + a PNG of the
+ratios.
 
     python benchmarks/hostile.py                          # ≈ 20 min on 2 cores
     python benchmarks/hostile.py --rounds 10 --repeats 1  # a quick look
@@ -49,8 +53,10 @@ from pathswarm.protocol.spec import AveragingSpec, DataSpec, InnerOptSpec, Model
 
 H, STEPS_PER_S, BATCH, CONTEXT = 10, 5, 4, 32
 HONEST = {"a": "0.0", "b": "0.1"}
+JOINER_PATH = "1.0"  # its L0M1 is a module nobody has trained before it joins
 ARMS = ("clean", "forged-state", "dht-stuffing", "lying-reducer", "flood")
 GOAL = 0.02
+HELDOUT_DOCS, HELDOUT_SEED, HELDOUT_BATCHES = 1000, 12345, 200  # 200 batches × 4 × 32 bytes a path
 
 
 def spec_text() -> str:
@@ -79,7 +85,42 @@ def ground_identities(root: Path, first: str, others: list[str]) -> dict[str, Pa
             return keys
 
 
-def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
+def wait_round(swarm: LocalSwarm, name: str, round_: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (swarm.status(name) or {}).get("round", 0) < round_:
+        if time.monotonic() > deadline or name not in swarm.running():
+            raise SystemExit(f"node {name} did not reach round {round_}: {swarm.tail(name, 10)}")
+        time.sleep(0.2)
+
+
+def heldout_losses(spec_path: Path, checkpoints: dict[str, tuple[str, Path]]) -> dict[str, float]:
+    """Each node's final checkpoint (`checkpoints`: name → (path, checkpoint dir)) on HELDOUT_DOCS documents the
+    swarm never trained on (a fixed set, the same in every arm), routed to its path: about 250 documents a path
+    instead of the node's own validation split (3 short documents a path in this spec, whose loss swings by
+    10-30 % between consecutive rounds)."""
+    import torch
+
+    from pathswarm.node.model.data import TokenSampler
+    from pathswarm.node.model.router import documents_by_path
+    from pathswarm.node.train.checkpoint import load_checkpoint
+    from pathswarm.node.train.evaluate import model_from_checkpoint
+    from pathswarm.node.train.inner import evaluate_loss
+    from pathswarm.protocol.spec import load_spec, parse_path
+
+    spec = load_spec(spec_path)
+    by_path = documents_by_path(spec, synthetic_corpus(HELDOUT_DOCS, seed=HELDOUT_SEED))
+    out = {}
+    with torch.no_grad():
+        for name, (text, directory) in checkpoints.items():
+            path = parse_path(text, spec)
+            model = model_from_checkpoint(spec, load_checkpoint(str(directory), spec, spec.module_ids(path)), path)
+            batches = TokenSampler(by_path[path], CONTEXT, seed=0).eval_batches(BATCH, HELDOUT_BATCHES)
+            out[name] = evaluate_loss(model, batches)[0]
+    return out
+
+
+def run_arm(arm: str, rounds: int, workdir: Path, joiner_args: tuple[str, ...] = ()) -> dict:
+    """One run of `arm`; `joiner_args`: more `node run` options for the joiner (benchmarks/joiner.py)."""
     workdir.mkdir(parents=True)
     spec_path = workdir / "swarm.toml"
     spec_path.write_text(spec_text())
@@ -119,9 +160,11 @@ def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
 
             threading.Thread(target=stuff, daemon=True).start()
         # A third of the run in, a node joins (in every arm, so the arms differ only by the attack): next to the
-        # forged state in `forged-state`.
-        time.sleep(rounds * H / STEPS_PER_S / 3)
-        swarm.start_node("c", path="1.0", max_rounds=max(2, rounds // 3), seed=2, extra=pace())
+        # forged state in `forged-state`. "A third" is node a's round, not a time: an arm whose rounds take longer
+        # (a fourth process on 2 cores, a failover) would otherwise meet the joiner, and its untrained module, at an
+        # earlier stage of training, which alone moved a's final loss by several %.
+        wait_round(swarm, "a", rounds // 3, timeout_s=rounds * H / STEPS_PER_S * 4)
+        swarm.start_node("c", path=JOINER_PATH, max_rounds=max(2, rounds // 3), seed=2, extra=[*pace(), *joiner_args])
         names = [*HONEST, "c"]
         codes = swarm.wait_nodes(names, timeout_s=rounds * H / STEPS_PER_S * 4 + 120)
         stop.set()
@@ -135,12 +178,16 @@ def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
         st = {n: swarm.status(n) or {} for n in names}
         liar = swarm.status("liar") if arm == "lying-reducer" else None
         lies = (workdir / "run" / "liar.log").read_text().count("LYING") if liar is not None else None
+        heldout = heldout_losses(spec_path, {n: (p, swarm.node_files(n)["checkpoint"])
+                                             for n, p in {**HONEST, "c": JOINER_PATH}.items()})
     mismatches, compared = replica_mismatches(list(st.values()))
     forged = read_json(str(workdir / "hostile.json")) if (workdir / "hostile.json").exists() else None
     return {
         "exit_codes": codes,
         "val_loss": {n: st[n].get("val_loss_after") for n in HONEST},
+        "heldout_loss": heldout,
         "rounds_failed": {n: st[n].get("rounds_failed", 0) for n in HONEST},
+        "rounds_retried": {n: st[n].get("rounds_retried", 0) for n in HONEST},
         "bytes": {n: st[n].get("bytes_sent", 0) + st[n].get("bytes_received", 0) for n in HONEST},
         "replica_mismatches": len(mismatches), "digests_compared": compared,
         "forged_state_adopted": None if forged is None else any(
@@ -168,7 +215,7 @@ def plot(result: dict, path: str) -> None:
     ax.axhline(1.0, color="black", lw=0.8)
     ax.axhline(1.0 + GOAL, color="tab:red", ls="--", lw=0.8, label="goal: within 2 % of clean")
     ax.set_xticks(range(len(attacks)), attacks)
-    ax.set_ylabel("final val loss / clean run's")
+    ax.set_ylabel("final held-out loss / clean run's")
     ax.set_title(f"hostile peers, {result['rounds']} rounds × {result['repeats']} repeats")
     lo = min(min(result["arms"][a]["loss_ratio"].values()) for a in attacks)
     ax.set_ylim(min(0.95, lo - 0.01), max(1.05, 1.0 + 2 * GOAL))
@@ -195,14 +242,20 @@ def main() -> None:
             for arm in arms_run:  # interleaved: a slow patch of the machine hits every arm alike
                 got = run_arm(arm, args.rounds, Path(tmp) / f"{arm}-{rep}")
                 runs[arm].append(got)
-                print(f"repeat {rep + 1}/{args.repeats} {arm}: val loss {got['val_loss']}, "
+                print(f"repeat {rep + 1}/{args.repeats} {arm}: held-out loss {got['heldout_loss']}, "
+                      f"val loss {got['val_loss']}, "
                       f"failed rounds {got['rounds_failed']}, mismatches {got['replica_mismatches']}", flush=True)
     mean = {arm: {n: statistics.fmean(r["val_loss"][n] for r in rs) for n in HONEST} for arm, rs in runs.items()}
+    held = {arm: {n: statistics.fmean(r["heldout_loss"][n] for r in rs) for n in rs[0]["heldout_loss"]}
+            for arm, rs in runs.items()}  # the joiner's too (its own path: the goal reads a's and b's)
     arms = {}
     for arm, rs in runs.items():
         arms[arm] = {
+            "heldout_loss_mean": held[arm], "heldout_loss_runs": [r["heldout_loss"] for r in rs],
+            "loss_ratio": {n: held[arm][n] / held["clean"][n] for n in HONEST},
             "val_loss_mean": mean[arm], "val_loss_runs": [r["val_loss"] for r in rs],
-            "loss_ratio": {n: mean[arm][n] / mean["clean"][n] for n in HONEST},
+            "val_loss_ratio": {n: mean[arm][n] / mean["clean"][n] for n in HONEST},
+            "rounds_retried": sum(sum(r["rounds_retried"].values()) for r in rs),
             "rounds_failed": sum(sum(r["rounds_failed"].values()) for r in rs),
             "bytes_per_node_run": statistics.fmean(b for r in rs for b in r["bytes"].values()),
             "replica_mismatches": sum(r["replica_mismatches"] for r in rs),

@@ -70,6 +70,7 @@ UNREACHABLE = "reducer unreachable"  # reason prefix of a round that failed at t
 RANK_LOST = "a member left the world"  # sync baseline: reason prefix of a round failed because a member died
 REFUSAL_DRAIN_S = 3.0  # how long a refused request's remaining bytes are read and dropped before closing
 MAX_ROUND = 1 << 62  # rounds are int64 everywhere (records.MAX_COUNT); state_digest packs them in 8 bytes
+REASK_S = 0.5  # pause before asking a candidate again that still defers to a peer we proved a liar
 STANCE_TIMEOUT_S = 2.0  # how long a candidate waits for an earlier one's stance before counting it out
 LOST_REPLY_RETRY_S = 0.3  # pause before asking a reducer again after its connection broke
 NOT_SERVING_RETRY_S = 0.5  # pause before asking again a peer that is up but does not serve rounds yet
@@ -609,6 +610,13 @@ class ModuleExchange:
             if last.status == "redirect" and redirects < 2 and last.redirect in candidates:
                 redirects += 1
                 queue.insert(0, last.redirect)
+                continue
+            if last.status == "redirect" and self._shunned(last.redirect) and reducer != self.peer_id:
+                # It defers to a peer we proved a liar in this very round (node/peer/rounds.py `_retry_after_lie`):
+                # it has not finished its own check of that round yet (every member checks a new reducer's first
+                # rounds), and will reduce the round once it has. Ask it again shortly, until our deadline.
+                await asyncio.sleep(min(REASK_S, max(0.0, deadline - self.clock.now())))
+                queue.insert(0, reducer)
                 continue
             if last.status == "failed" and (last.reason.startswith(UNREACHABLE) or last.reason.startswith("refused")):
                 if reducer != self.peer_id:

@@ -42,6 +42,10 @@ class InFlight:
     sent: Contribution
     reducer: str
     """The first candidate to reduce the round: the peer to re-sync from if the group is elsewhere."""
+    order: tuple[str, ...] = ()
+    """Every candidate, in the agreed failover order."""
+    retried: bool = False
+    """Sent again after its reducer was proven a liar (`_retry_after_lie`): once per round."""
 
 
 class Rounds:
@@ -70,6 +74,23 @@ class Rounds:
         # module → state round → our tokens merged in the round that made it (a healed split takes them back)
         self.merged_log: dict[str, dict[int, int]] = {}
         self.auditor = Auditor(cfg, status, exchange, net)  # checks other reducers' means (docs/SECURITY.md)
+        self.fresh_path: dict[str, int] = {}
+        """Module → rounds left in which our contribution weighs 1 token (`note_start`)."""
+
+    def note_start(self) -> None:
+        """After the start's state sync, without a checkpoint: a path that holds an untrained module (round 0) next
+        to trained ones. For our first `cfg.fresh_path_rounds` rounds our outer gradients of the trained modules are
+        made through that random module: merged at full weight, they pull the trained holders' modules towards
+        fitting it (benchmarks/hostile.py: a joiner on path 1.0, whose L0M1 nobody had trained, cost node a up
+        to 0.7 of loss in the tests' short runs). So they weigh 1 token: we stay members of those rounds (we get
+        their result and stay in sync) and train our new module against the trained ones, while the trained
+        modules move as their holders move them."""
+        rounds = {mid: st.round for mid, st in self.worker.outer.items()}
+        n = self.cfg.fresh_path_rounds
+        if n > 0 and any(r == 0 for r in rounds.values()) and any(r > 0 for r in rounds.values()):
+            self.fresh_path = {mid: n for mid, r in rounds.items() if r > 0}
+            logger.info("our path has an untrained module: its trained modules' rounds weigh our outer gradients "
+                        "as 1 token for our first %d rounds", n)
 
     def send(self, groups: Groups) -> None:
         """Every module's outer gradient to its reducer; the rounds run in the background. Who reduces follows from
@@ -84,13 +105,18 @@ class Rounds:
                 continue
             self.auditor.before_send(mid, audits_by)
             st = self.worker.outer[mid]
-            sent = make_contribution(st, self.worker.flat(mid), self.worker.feedback[mid], self.spec.codec,
-                                     tokens + self.carry.pop(mid, 0))
+            count = tokens + self.carry.pop(mid, 0)
+            if self.fresh_path.get(mid, 0) > 0:
+                self.fresh_path[mid] -= 1
+                if mid == "shared":
+                    self.status.tokens_discarded += count - 1
+                count = 1
+            sent = make_contribution(st, self.worker.flat(mid), self.worker.feedback[mid], self.spec.codec, count)
             order = candidates(st.reducers or groups.genesis[mid], groups.reducible.get(mid, groups.holders[mid]),
                                self.exchange.skipped())
             fut = self.net.submit(self.exchange.contribute(order, mid, sent.round, sent.tokens, sent.digest_before,
                                                            sent.frame, timeout))
-            self.in_flight[mid] = InFlight(fut, sent, order[0])
+            self.in_flight[mid] = InFlight(fut, sent, order[0], tuple(order))
         self.worker.end_round()
 
     def poll(self, block: bool, timeout_s: float | None = None, abandon: bool = True) -> bool:
@@ -100,7 +126,19 @@ class Rounds:
         deadline = time.monotonic() + (timeout_s if timeout_s is not None
                                        else self.spec.averaging.grace_s + self.spec.averaging.timeout_s + 5)
         self.auditor.poll()
-        for mid in list(self.in_flight):
+        retried_before = {mid for mid, item in self.in_flight.items() if item.retried}
+        self._poll_pass(list(self.in_flight), block, deadline, abandon)
+        # A round sent again after a proven lie (`_retry_after_lie`) is waited for as the first send was.
+        again = [mid for mid, item in self.in_flight.items() if item.retried and mid not in retried_before]
+        if again and block:
+            self._poll_pass(again, block, deadline, abandon)
+        complete = not self.in_flight and self.settled_any
+        if complete:
+            self.settled_any = False
+        return complete
+
+    def _poll_pass(self, modules: list[str], block: bool, deadline: float, abandon: bool) -> None:
+        for mid in modules:
             item = self.in_flight[mid]
             if not item.future.done():
                 if not block:
@@ -117,10 +155,6 @@ class Rounds:
                 self.abandoned = True
                 continue
             self._settle(mid, item)
-        complete = not self.in_flight and self.settled_any
-        if complete:
-            self.settled_any = False
-        return complete
 
     def _settle(self, mid: str, item: InFlight) -> None:
         result: RoundResult = item.future.result()
@@ -134,6 +168,8 @@ class Rounds:
             # before settle: the round rule's history norm is the momentum's before this round's mean moves it
             refused = self.auditor.record(mid, result, reference_norm(st), (item.sent.tokens, item.sent.frame),
                                           self.holders.get(mid, ()))
+            if refused and self._retry_after_lie(mid, item, result):
+                return
             if refused:  # checked before applying, and not to be applied: the round failed for us, our steps carry
                 result = dataclasses.replace(result, status="failed", reason=f"not applied: {refused}"[:300])
         done = settle(st, item.sent, self.worker.flat(mid), result.status, result.round,
@@ -177,6 +213,29 @@ class Rounds:
         if result.status == "out_of_sync":
             self._resync_later(mid, result.reducer or item.reducer)
         # "behind": the reducer re-syncs itself; our outer gradient waits for the next round
+
+    def _retry_after_lie(self, mid: str, item: InFlight, result: RoundResult) -> bool:
+        """A round whose reducer our check before applying proved a liar (its first rounds, or one on probation):
+        send the same contribution again, for the same round, to the next candidates of the agreed list (the
+        exchange skips proven liars). Every honest member of the round checked it before applying (they all audit
+        a reducer's first rounds), so they all leave it here and meet at the same next candidate, which closes the
+        round honestly: the lie costs the group a grace window instead of a round's progress. A member that had
+        applied the lie answers at a later round, and the round then fails for us as before. Once per round; not
+        for a reducer that merely did not show its frames (that proves nothing, and the others may have applied
+        its round)."""
+        if item.retried or result.reducer not in self.exchange.distrusted:
+            return False
+        order = [p for p in item.order if p != result.reducer]
+        if not order:
+            return False
+        timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
+        fut = self.net.submit(self.exchange.contribute(order, mid, item.sent.round, item.sent.tokens,
+                                                       item.sent.digest_before, item.sent.frame, timeout))
+        self.in_flight[mid] = dataclasses.replace(item, future=fut, reducer=order[0], order=tuple(order), retried=True)
+        self.status.rounds_retried += 1
+        logger.warning("module %s round %d: not applied (%s's mean is a lie); sent again to the next candidate",
+                       mid, result.round, result.reducer[-8:])
+        return True
 
     def _resync_later(self, mid: str, peer: str) -> None:
         """Re-sync `mid` at the next polls if a majority of its holders vouch for a state other than ours; `peer`

@@ -217,14 +217,15 @@ def test_a_stranger_can_neither_stuff_the_dht_nor_flood_a_node(tmp_path, clean_l
         swarm.close()
 
 
-def identities_with_first(tmp_path, first: str, other: str) -> dict[str, Path]:
-    """Identity files for two nodes, the first one's peer id sorting before the other's (ground: a few tries)."""
-    keys = {n: tmp_path / "ids" / f"{n}.key" for n in (first, other)}
-    ensure_identity(keys[other])
+def identities_with_first(tmp_path, first: str, *others: str) -> dict[str, Path]:
+    """Identity files for nodes, the first one's peer id sorting before the others' (ground: a few tries)."""
+    keys = {n: tmp_path / "ids" / f"{n}.key" for n in (first, *others)}
+    for other in others:
+        ensure_identity(keys[other])
     while True:
         keys[first].unlink(missing_ok=True)
         ensure_identity(keys[first])
-        if peer_id_of_identity(keys[first]) < peer_id_of_identity(keys[other]):
+        if all(peer_id_of_identity(keys[first]) < peer_id_of_identity(keys[o]) for o in others):
             return keys
 
 
@@ -258,3 +259,36 @@ def test_a_reducer_that_lies_is_caught_by_an_audit_and_left_out(tmp_path, clean_
     finally:
         swarm.close()
 
+
+
+def test_a_lie_checked_before_applying_is_reduced_again_by_the_next_candidate(tmp_path):
+    """Three nodes start together on paths that share `shared` and L0M0; a (its peer id sorts first, so it reduces)
+    lies in its very first round, which merges all three. A reducer's first rounds are checked before they are
+    applied: b and c catch the lie, send the same contribution for the same round to the next candidate of the
+    agreed list, and that round closes honestly between them: the lie costs a grace window, not a round."""
+    keys = identities_with_first(tmp_path, "a", "b", "c")
+    spec_path = tmp_path / "swarm.toml"
+    spec_path.write_text(hostile_spec().to_toml())
+    swarm = LocalSwarm(spec_path, tmp_path / "swarm")
+    try:
+        swarm.start_bootstrap()
+        for i, (name, path) in enumerate({"a": "0.0", "b": "0.1", "c": "0.0"}.items()):
+            swarm.start_node(name, path=path, max_rounds=4, seed=i,
+                             extra=[*NODE_ARGS, "--wait-peers", "3", "--identity", str(keys[name])],
+                             entry=["-m", "tests.lying_node", "3"] if name == "a" else None)
+        codes = swarm.wait_nodes(["b", "c"], timeout_s=150)
+        assert codes == {"b": 0, "c": 0}, [swarm.tail(n, 15) for n in ("b", "c")]
+        liar = peer_id_of_identity(keys["a"])
+        assert "LYING: round 0 " in (tmp_path / "swarm" / "a.log").read_text(), swarm.tail("a", 20)
+        st = {n: swarm.status(n) for n in ("b", "c")}
+        me = {n: s["peer_id"] for n, s in st.items()}
+        for n, s in st.items():
+            assert "not what its frames give" in s["distrusted"].get(liar, ""), (n, s["distrusted"], swarm.tail(n, 20))
+            assert s["rounds_retried"] >= 1, (n, swarm.tail(n, 20))
+            # round 0 of `shared` (the state at round 1) was merged, by b and c, without the liar
+            assert sorted(s["groups"]["shared"]["1"]) == sorted(me.values()), (n, s["groups"]["shared"])
+        assert st["b"]["history"]["shared"]["1"] == st["c"]["history"]["shared"]["1"]
+        mismatches, compared = replica_mismatches(list(st.values()))
+        assert not mismatches and compared >= 4, (mismatches, compared)
+    finally:
+        swarm.close()
