@@ -119,8 +119,7 @@ def heldout_losses(spec_path: Path, checkpoints: dict[str, tuple[str, Path]]) ->
     return out
 
 
-def run_arm(arm: str, rounds: int, workdir: Path, joiner_args: tuple[str, ...] = ()) -> dict:
-    """One run of `arm`; `joiner_args`: more `node run` options for the joiner (benchmarks/joiner.py)."""
+def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
     workdir.mkdir(parents=True)
     spec_path = workdir / "swarm.toml"
     spec_path.write_text(spec_text())
@@ -164,7 +163,7 @@ def run_arm(arm: str, rounds: int, workdir: Path, joiner_args: tuple[str, ...] =
         # (a fourth process on 2 cores, a failover) would otherwise meet the joiner, and its untrained module, at an
         # earlier stage of training, which alone moved a's final loss by several %.
         wait_round(swarm, "a", rounds // 3, timeout_s=rounds * H / STEPS_PER_S * 4)
-        swarm.start_node("c", path=JOINER_PATH, max_rounds=max(2, rounds // 3), seed=2, extra=[*pace(), *joiner_args])
+        swarm.start_node("c", path=JOINER_PATH, max_rounds=max(2, rounds // 3), seed=2, extra=pace())
         names = [*HONEST, "c"]
         codes = swarm.wait_nodes(names, timeout_s=rounds * H / STEPS_PER_S * 4 + 120)
         stop.set()

@@ -150,11 +150,6 @@ def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[s
               help="Audit a round another peer reduced with probability RATE / group size: download the frames it "
                    "merged and recompute its mean, so a lying reducer is caught (docs/SECURITY.md). With every "
                    "member at 0.2 a group audits one round in five. 0: never audit.")
-@click.option("--fresh-path-rounds", type=click.IntRange(0, 1000), default=5, show_default=True,
-              help="When this node's path holds a module nobody has trained yet next to trained ones, its first "
-                   "ROUNDS rounds weigh its outer gradients of the trained modules as 1 token: they are made through "
-                   "a random module, and would pull the trained ones towards fitting it. It still takes part in "
-                   "those rounds and stays in sync. 0: full weight from the first round.")
 @click.option("--optimizer", type=click.Choice(["adamw", "adamw8bit"]), default=None,
               help="This node's inner optimizer (default: the spec's [inner] optimizer). adamw8bit keeps "
                    "bitsandbytes' 8-bit moments: about a quarter of AdamW's optimizer memory. Only this node's "
@@ -175,8 +170,8 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
              init_dir: str | None, ready_file: str | None,
              status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int,
              offline: bool, sync_rounds: bool, max_tokens_per_s: float, save_partial_s: float,
-             audit_rate: float, fresh_path_rounds: int, optimizer: str | None, reachability: str,
-             dashboard_port: int | None, dashboard_host: str) -> None:
+             audit_rate: float, optimizer: str | None, reachability: str, dashboard_port: int | None,
+             dashboard_host: str) -> None:
     """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly).
 
     \b
@@ -202,8 +197,7 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
                      status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
                      wait_peers=wait_peers, offline=offline, sync_rounds=sync_rounds,
                      max_tokens_per_s=max_tokens_per_s, partial_every_s=save_partial_s,
-                     audit_rate=audit_rate, fresh_path_rounds=fresh_path_rounds, optimizer=optimizer or "",
-                     reachability=reachability)
+                     audit_rate=audit_rate, optimizer=optimizer or "", reachability=reachability)
     n = Node(cfg, handle_signals=True)
     board = None
     if dashboard_port is not None:  # bound before joining: a port in use fails at once

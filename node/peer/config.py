@@ -66,9 +66,6 @@ class NodeConfig:
     group audits one round in five (an audit downloads the round's frames but the auditor's own). The default keeps
     benchmarks/wire.py's goal (≥ 450× fewer bytes sent than fp32 data-parallel at H=100). 0: never audit (alerts
     are still checked)."""
-    fresh_path_rounds: int = 5
-    """Rounds in which a node whose path holds an untrained module next to trained ones weighs its outer gradients
-    of the trained ones as 1 token (node/peer/rounds.py `Rounds.note_start`). 0: full weight at once."""
     optimizer: str = ""
     """This node's inner optimizer, "adamw" or "adamw8bit" ("": the spec's [inner] optimizer)."""
     reachability: str = "auto"
@@ -121,9 +118,8 @@ class NodeStatus:
     """Tokens of a round in progress that a previous run of this node saved and this one took over (their steps
     were trained before the restart: tokens_trained counts this round's share of them)."""
     tokens_discarded: int = 0
-    """Tokens whose steps were thrown away: in the sync baseline, when a round failed because a member died (a
-    data-parallel job redoes the step from the last good state), and the steps a node that joined with an untrained
-    module sent at a weight of 1 token (node/peer/rounds.py `note_start`)."""
+    """Tokens whose steps were thrown away: only in the sync baseline, when a round failed because a member died
+    (a data-parallel job redoes the step from the last good state)."""
     last_group: int = 0
     reachable: bool | None = None
     """Whether a peer could dial this node back at start (None: not measured)."""

@@ -273,8 +273,6 @@ class Node:
         self.sync.initial(ckpt, resumed=carry is not None, need_init=warm and not self.cfg.init_dir,
                           source=f"warm start {self.cfg.init_dir}" if warm and self.cfg.init_dir else "seed",
                           holders=lambda mid: self.groups.live.get(mid, {}) if self.groups else {})
-        if ckpt is None:
-            self.rounds.note_start()
 
     def _save(self) -> None:
         if self.cfg.checkpoint_dir and self.worker is not None:

@@ -74,23 +74,6 @@ class Rounds:
         # module → state round → our tokens merged in the round that made it (a healed split takes them back)
         self.merged_log: dict[str, dict[int, int]] = {}
         self.auditor = Auditor(cfg, status, exchange, net)  # checks other reducers' means (docs/SECURITY.md)
-        self.fresh_path: dict[str, int] = {}
-        """Module → rounds left in which our contribution weighs 1 token (`note_start`)."""
-
-    def note_start(self) -> None:
-        """After the start's state sync, without a checkpoint: a path that holds an untrained module (round 0) next
-        to trained ones. For our first `cfg.fresh_path_rounds` rounds our outer gradients of the trained modules are
-        made through that random module: merged at full weight, they pull the trained holders' modules towards
-        fitting it (benchmarks/hostile.py: a joiner on path 1.0, whose L0M1 nobody had trained, cost node a up
-        to 0.7 of loss in the tests' short runs). So they weigh 1 token: we stay members of those rounds (we get
-        their result and stay in sync) and train our new module against the trained ones, while the trained
-        modules move as their holders move them."""
-        rounds = {mid: st.round for mid, st in self.worker.outer.items()}
-        n = self.cfg.fresh_path_rounds
-        if n > 0 and any(r == 0 for r in rounds.values()) and any(r > 0 for r in rounds.values()):
-            self.fresh_path = {mid: n for mid, r in rounds.items() if r > 0}
-            logger.info("our path has an untrained module: its trained modules' rounds weigh our outer gradients "
-                        "as 1 token for our first %d rounds", n)
 
     def send(self, groups: Groups) -> None:
         """Every module's outer gradient to its reducer; the rounds run in the background. Who reduces follows from
@@ -105,13 +88,8 @@ class Rounds:
                 continue
             self.auditor.before_send(mid, audits_by)
             st = self.worker.outer[mid]
-            count = tokens + self.carry.pop(mid, 0)
-            if self.fresh_path.get(mid, 0) > 0:
-                self.fresh_path[mid] -= 1
-                if mid == "shared":
-                    self.status.tokens_discarded += count - 1
-                count = 1
-            sent = make_contribution(st, self.worker.flat(mid), self.worker.feedback[mid], self.spec.codec, count)
+            sent = make_contribution(st, self.worker.flat(mid), self.worker.feedback[mid], self.spec.codec,
+                                     tokens + self.carry.pop(mid, 0))
             order = candidates(st.reducers or groups.genesis[mid], groups.reducible.get(mid, groups.holders[mid]),
                                self.exchange.skipped())
             fut = self.net.submit(self.exchange.contribute(order, mid, sent.round, sent.tokens, sent.digest_before,

@@ -1,11 +1,9 @@
-"""The node's round bookkeeping around the round rule (node/peer/rounds.py): what a node that joins with an untrained
-module sends, and what it does when a check before applying proves a round's reducer a liar. The network side is
-stubbed (a future per send, the exchange's candidate lists recorded): multi-node behaviour is tests/swarm's."""
+"""The node's round bookkeeping around the round rule (node/peer/rounds.py): what it does when a check before applying
+proves a round's reducer a liar. The network side is stubbed (a future per send, the exchange's candidate lists
+recorded): multi-node behaviour is tests/swarm's."""
 
 import concurrent.futures
 from types import SimpleNamespace
-
-import pytest
 
 from pathswarm.node.model.data import TokenSampler
 from pathswarm.node.peer.claims import Groups
@@ -30,7 +28,7 @@ class _Exchange:
         return []
 
 
-def _rounds(spec, docs, **cfg):
+def _rounds(spec, docs):
     sampler = TokenSampler(docs, spec.model.context_len, seed=0)
     worker = PathWorker(spec, (0, 0), lambda: sampler.sample(2))
     exchange = _Exchange()
@@ -40,7 +38,7 @@ def _rounds(spec, docs, **cfg):
         futures.append(concurrent.futures.Future())
         return futures[-1]
 
-    rounds = Rounds(NodeConfig(spec=spec, offline=True, **cfg), NodeStatus(), worker, exchange,
+    rounds = Rounds(NodeConfig(spec=spec, offline=True), NodeStatus(), worker, exchange,
                     SimpleNamespace(submit=submit), lambda mid: None)
     return rounds, worker, exchange, futures
 
@@ -54,44 +52,6 @@ def _send(rounds, worker, groups):
     worker.train_inner(1)
     rounds.send(groups)
     return worker.round_tokens
-
-
-def test_a_node_joining_with_an_untrained_module_sends_the_trained_ones_at_weight_1_for_its_first_rounds(
-        spec, synthetic_docs):
-    rounds, worker, exchange, _ = _rounds(spec, synthetic_docs)
-    trained = worker.module_ids[0]
-    worker.outer[trained].round = 7  # adopted from the swarm; the others are at round 0: nobody trained them
-    rounds.note_start()
-    assert rounds.fresh_path == {trained: rounds.cfg.fresh_path_rounds}
-    groups = _groups(worker)
-    for i in range(rounds.cfg.fresh_path_rounds + 1):
-        exchange.calls.clear()
-        rounds.status.tokens_discarded = 0
-        worker.train_inner(1)
-        full = worker.round_tokens
-        rounds.send(groups)
-        sent = {module: tokens for _, module, _, tokens in exchange.calls}
-        held_back = i < rounds.cfg.fresh_path_rounds
-        assert sent[trained] == (1 if held_back else full), (i, sent)
-        assert all(sent[m] == full for m in worker.module_ids if m != trained), sent
-        # the tokens held back are accounted as thrown away (trained = merged + unmerged + discarded)
-        assert rounds.status.tokens_discarded == ((full - 1) if held_back and trained == "shared" else 0)
-        rounds.in_flight.clear()
-
-
-@pytest.mark.parametrize("rounds_of,cfg", [(lambda i: 0, {}), (lambda i: 3 + i, {}),
-                                           (lambda i: 7 * (i == 0), {"fresh_path_rounds": 0})])
-def test_no_weight_is_held_back_when_every_module_is_untrained_or_every_one_is_trained_or_when_told_so(
-        spec, synthetic_docs, rounds_of, cfg):
-    rounds, worker, exchange, _ = _rounds(spec, synthetic_docs, **cfg)
-    for i, mid in enumerate(worker.module_ids):
-        worker.outer[mid].round = rounds_of(i)
-    rounds.note_start()
-    assert rounds.fresh_path == {}
-    worker.train_inner(1)
-    full = worker.round_tokens
-    rounds.send(_groups(worker))
-    assert {tokens for *_, tokens in exchange.calls} == {full}
 
 
 def _settle_with(rounds, mid, result, refused: str):
