@@ -253,7 +253,7 @@ class ModuleExchange:
             logger.error("no longer trusting peer %s: %s", peer, reason)
             self.distrusted[peer] = reason
 
-    def _shunned(self, peer: str) -> bool:
+    def shunned(self, peer: str) -> bool:
         """Revoked by the owner, proven to have lied to us, or caught lying by most holders of our modules
         (`voted_out`, node/peer/vouch.py): never our reducer, no say in who reduces. The others leave a liar they
         caught; a member that followed the list to it would merge its rounds alone with the liar."""
@@ -434,8 +434,8 @@ class ModuleExchange:
         if self.streams is None or not agreed:
             return []  # offline
         if agreed[0] == self.peer_id:
-            return [p for p in agreed[1:] if not self._shunned(p)] if module in self.fresh else []
-        return [p for p in earlier(agreed, self.peer_id) if not self._shunned(p)]  # a revoked one has no say
+            return [p for p in agreed[1:] if not self.shunned(p)] if module in self.fresh else []
+        return [p for p in earlier(agreed, self.peer_id) if not self.shunned(p)]  # a revoked one has no say
 
     async def _rival(self, module: str, round_: int, mine: LocalState) -> tuple[str, Stance] | None:
         """Ask the candidates that come first whether one of them holds the round (once per round: concurrent
@@ -596,7 +596,7 @@ class ModuleExchange:
         sent.add(own)
         for old in sorted(r for m, r in self._sent if m == module)[:-RESULTS_KEPT]:
             self._sent.pop((module, old), None)
-        candidates = [p for p in candidates if not self._shunned(p)]  # revoked or a proven liar: never our reducer
+        candidates = [p for p in candidates if not self.shunned(p)]  # revoked or a proven liar: never our reducer
         queue, redirects, last = list(candidates), 0, None
         while queue:
             reducer = queue.pop(0)
@@ -611,7 +611,7 @@ class ModuleExchange:
                 redirects += 1
                 queue.insert(0, last.redirect)
                 continue
-            if last.status == "redirect" and self._shunned(last.redirect) and reducer != self.peer_id:
+            if last.status == "redirect" and last.redirect in self.distrusted and reducer != self.peer_id:
                 # It defers to a peer we proved a liar in this very round (node/peer/rounds.py `_retry_after_lie`):
                 # it has not finished its own check of that round yet (every member checks a new reducer's first
                 # rounds), and will reduce the round once it has. Ask it again shortly, until our deadline.

@@ -431,4 +431,4 @@ def test_a_peer_most_holders_caught_lying_is_neither_our_reducer_nor_asked_who_r
     assert ex._must_ask("L0M0", mine) == ["liar", "a"]
     ex.voted_out = frozenset({"liar"})  # node/peer/state_sync.py sets it from the announcements' votes
     assert ex._must_ask("L0M0", mine) == ["a"]
-    assert ex._shunned("liar") and not ex._shunned("a")
+    assert ex.shunned("liar") and not ex.shunned("a")

@@ -100,3 +100,26 @@ def test_a_reducer_that_only_did_not_show_its_frames_is_not_failed_over_from(spe
                  "r1 did not show the frames of it, and it is not audited yet")
     assert exchange.calls == [] and mid not in rounds.in_flight
     assert rounds.status.rounds_failed == 1 and rounds.status.rounds_retried == 0
+
+
+
+def test_a_reducer_does_not_wait_for_holders_whose_contributions_it_refuses(spec):
+    """A round we reduce closes once the holders we expect have contributed; a proven liar or a peer most holders
+    voted out still claims the module, but its contributions are refused: counted, it would hold every such round
+    open for the whole grace window (benchmarks/hostile.py's lying arm)."""
+    from pathswarm.node.peer.node import Node
+    from pathswarm.node.peer.rounds import exchange_closer
+    from pathswarm.protocol.exchange import ModuleExchange
+
+    node = Node(NodeConfig(spec=spec, offline=True))
+    node.status.peer_id = "me"
+    node.exchange = ModuleExchange(spec, None, "me", {"shared": 10, "L0M0": 10}, lambda m: None,
+                                   exchange_closer(spec))
+    holders = {"shared": ["a", "b", "liar", "me", "voted"], "L0M0": ["liar", "me"]}
+    groups = Groups(holders, {m: tuple(p) for m, p in holders.items()}, {m: {} for m in holders})
+    node._use_groups(groups)
+    assert node.exchange.expected_holders == {"shared": 5, "L0M0": 2}
+    node.exchange.distrust("liar", "its mean is not what its frames give")
+    node.exchange.voted_out = frozenset({"voted"})
+    node._use_groups(groups)
+    assert node.exchange.expected_holders == {"shared": 3, "L0M0": 1}
