@@ -57,8 +57,8 @@ def assert_one_version(statuses: list[dict], at_least: int) -> None:
     assert len(shared_rounds) >= at_least, sorted(seen)
 
 
-def saved_round(ckpt_dir) -> int:
-    """The anchor round of `shared` that the saved round in progress was trained on (-1: none saved).
+def saved_rounds(ckpt_dir) -> dict[str, int]:
+    """Module → the anchor round the saved round in progress was trained on ({}: none saved).
 
     Reads the file's bytes through one open: the node replaces it every 0.2 s (write, rename), and safetensors'
     `safe_open` opens the path a second time to map the tensors, so it could see the next, smaller file."""
@@ -66,9 +66,18 @@ def saved_round(ckpt_dir) -> int:
         raw = (ckpt_dir / PARTIAL_FILE).read_bytes()
         (n,) = struct.unpack("<Q", raw[:8])
         header = json.loads(raw[8:8 + n])
-        return json.loads(header["__metadata__"]["anchors"])["shared"][0]
-    except (OSError, KeyError, ValueError, struct.error):
-        return -1
+        return {mid: r for mid, (r, *_) in json.loads(header["__metadata__"]["anchors"]).items()}
+    except (OSError, KeyError, ValueError, TypeError, struct.error):
+        return {}
+
+
+def saved_on_settled(swarm: LocalSwarm, name: str, after: int) -> bool:
+    """The round in progress is saved on a state of `shared` later than round `after`, and on the state every module
+    has settled to: a module whose round settles just after a save (each module's round is its own) leaves a saved
+    round that no longer matches the checkpoint, which a restart rightly refuses to resume."""
+    saved = saved_rounds(swarm.node_files(name)["checkpoint"])
+    settled = (swarm.status(name) or {}).get("module_rounds", {})
+    return saved.get("shared", -1) > after and saved == settled
 
 
 def start(swarm: LocalSwarm, name: str, path: str, identity: bool, tmp) -> None:
@@ -99,8 +108,8 @@ def test_a_reducer_killed_mid_round_and_restarted_splits_no_round(tmp_path, same
         # a time budget, so a fixed sleep could land before the first one)
         settled = swarm.status(victim)["module_rounds"]["shared"]
         wait_until(lambda: swarm.status(victim)["module_rounds"]["shared"] > settled, 60, "a round to settle")
-        ckpt_dir = swarm.node_files(victim)["checkpoint"]
-        wait_until(lambda: saved_round(ckpt_dir) > settled, 30, "the round in progress saved on the new anchor")
+        wait_until(lambda: saved_on_settled(swarm, victim, settled), 30,
+                   "the round in progress saved on the new anchors")
         swarm.signal(victim, signal.SIGKILL)
         swarm.nodes[victim].wait(10)
         killed_round = swarm.status(victim)["module_rounds"]["shared"]
