@@ -70,7 +70,7 @@ UNREACHABLE = "reducer unreachable"  # reason prefix of a round that failed at t
 RANK_LOST = "a member left the world"  # sync baseline: reason prefix of a round failed because a member died
 REFUSAL_DRAIN_S = 3.0  # how long a refused request's remaining bytes are read and dropped before closing
 MAX_ROUND = 1 << 62  # rounds are int64 everywhere (records.MAX_COUNT); state_digest packs them in 8 bytes
-REASK_S = 0.5  # pause before asking a candidate again that still defers to a peer we proved a liar
+REASK_S, REASK_MAX_S = 0.25, 4.0  # pauses before asking again a candidate that defers to a proven liar (doubling)
 STANCE_TIMEOUT_S = 2.0  # how long a candidate waits for an earlier one's stance before counting it out
 LOST_REPLY_RETRY_S = 0.3  # pause before asking a reducer again after its connection broke
 NOT_SERVING_RETRY_S = 0.5  # pause before asking again a peer that is up but does not serve rounds yet
@@ -253,6 +253,12 @@ class ModuleExchange:
             logger.error("no longer trusting peer %s: %s", peer, reason)
             self.distrusted[peer] = reason
 
+    def refuses(self, peer: str) -> bool:
+        """We refuse this peer's contributions (a proven liar, or revoked by the owner): it cannot complete a round
+        we reduce, so the node leaves it out of the quorum (node/peer/node.py `_use_groups`). A peer only voted out
+        (`voted_out`) is still merged: it counts."""
+        return peer in self.distrusted or self.gate.revoked(peer)
+
     def shunned(self, peer: str) -> bool:
         """Revoked by the owner, proven to have lied to us, or caught lying by most holders of our modules
         (`voted_out`, node/peer/vouch.py): never our reducer, no say in who reduces. The others leave a liar they
@@ -394,7 +400,7 @@ class ModuleExchange:
         await open_round.done.wait()
         assert open_round.result is not None
         result = open_round.result
-        if result.status == "failed":
+        if result.status in ("failed", "out_of_sync"):
             return result
         return self._answer(result, sender)
 
@@ -538,6 +544,17 @@ class ModuleExchange:
         avg = self.spec.averaging
         # The state the round opened with, if we still hold it: the result then says the state after the round.
         mine = self.effective_state(module)
+        if mine is not None and (mine.round > round_ or (mine.round == round_
+                                                          and mine.digest != open_round.digest_before)):
+            # Our state moved while the round was open (we applied another reducer's version of this round, or
+            # re-synced): a result from us would not say the state it makes, and its members would apply a second
+            # version of the round unchecked. They look at the announcements instead (an out-of-sync answer).
+            if self._open.get(key) is open_round:
+                self._open.pop(key)
+            open_round.result = RoundResult(module, round_, "out_of_sync",
+                                            reason="the reducer's state moved past the round while it was open")
+            open_round.done.set()
+            return
         before = mine if mine is not None and mine.digest == open_round.digest_before and mine.round == round_ else None
         closed = self.closer([(p, *open_round.frames[p]) for p in sorted(open_round.frames)], self.numels[module],
                              before)
@@ -586,10 +603,12 @@ class ModuleExchange:
 
     # ---- member side -------------------------------------------------------------------------
     async def contribute(self, candidates: list[str], module: str, round_: int, tokens: int, digest: str,
-                         frame: bytes, timeout_s: float) -> RoundResult:
+                         frame: bytes, timeout_s: float, after_lie: bool = False) -> RoundResult:
         """Send our frame to the round's reducer and wait for the round's mean. `candidates`: who may reduce it, in
         the agreed failover order (protocol/reducers.py); a candidate that cannot be reached, or refuses, passes
-        the round to the next, and one that redirects us to an earlier candidate is followed (twice at most)."""
+        the round to the next, and one that redirects us to an earlier candidate is followed (twice at most).
+        `after_lie`: the round is sent again because its first reducer was proven a liar (node/peer/rounds.py
+        `_retry_after_lie`): a candidate that still defers to that liar is asked again for a while."""
         deadline = self.clock.now() + timeout_s
         own = (tokens, frame_hash(frame))  # hashed once: a frame is ~1 byte per parameter
         sent = self._sent.setdefault((module, round_), set())
@@ -598,6 +617,7 @@ class ModuleExchange:
             self._sent.pop((module, old), None)
         candidates = [p for p in candidates if not self.shunned(p)]  # revoked or a proven liar: never our reducer
         queue, redirects, last = list(candidates), 0, None
+        reask_until, reask_pause = self.clock.now() + self.spec.averaging.grace_s + STANCE_TIMEOUT_S, REASK_S
         while queue:
             reducer = queue.pop(0)
             left = deadline - self.clock.now()
@@ -611,11 +631,13 @@ class ModuleExchange:
                 redirects += 1
                 queue.insert(0, last.redirect)
                 continue
-            if last.status == "redirect" and last.redirect in self.distrusted and reducer != self.peer_id:
-                # It defers to a peer we proved a liar in this very round (node/peer/rounds.py `_retry_after_lie`):
-                # it has not finished its own check of that round yet (every member checks a new reducer's first
-                # rounds), and will reduce the round once it has. Ask it again shortly, until our deadline.
-                await asyncio.sleep(min(REASK_S, max(0.0, deadline - self.clock.now())))
+            if (after_lie and last.status == "redirect" and last.redirect in self.distrusted
+                    and reducer != self.peer_id and self.clock.now() + reask_pause < min(deadline, reask_until)):
+                # It defers to the peer we proved a liar in this very round: it has not finished its own check of
+                # that round yet (every member checks a new reducer's first rounds), and will reduce the round once
+                # it has. Ask it again, backing off (each ask carries our frame), for a grace window at most.
+                await self.clock.sleep(reask_pause)
+                reask_pause = min(2 * reask_pause, REASK_MAX_S)
                 queue.insert(0, reducer)
                 continue
             if last.status == "failed" and (last.reason.startswith(UNREACHABLE) or last.reason.startswith("refused")):

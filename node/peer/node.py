@@ -201,10 +201,10 @@ class Node:
                 self.exchange.expected_holders[mid] = max(len(peers), self.exchange.expected_holders.get(mid, 0))
                 self.exchange.live_holders[mid] = groups.live[mid]  # one assignment: the network thread reads it
             else:
-                # A peer whose contributions we refuse (a proven liar, one most holders voted out, a revoked member)
-                # cannot complete a round we reduce: counted, it would hold every such round open for the whole
-                # grace window (benchmarks/hostile.py's lying arm: a caught liar that keeps claiming its path).
-                self.exchange.expected_holders[mid] = sum(1 for p in peers if not self.exchange.shunned(p))
+                # A peer whose contributions we refuse (a proven liar, a revoked member) cannot complete a round we
+                # reduce: counted, it would hold every such round open for the whole grace window
+                # (benchmarks/hostile.py's lying arm: a caught liar that keeps claiming its path).
+                self.exchange.expected_holders[mid] = sum(1 for p in peers if not self.exchange.refuses(p))
 
     def _renew_claim(self) -> None:
         try:

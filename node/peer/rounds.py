@@ -208,7 +208,8 @@ class Rounds:
             return False
         timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
         fut = self.net.submit(self.exchange.contribute(order, mid, item.sent.round, item.sent.tokens,
-                                                       item.sent.digest_before, item.sent.frame, timeout))
+                                                       item.sent.digest_before, item.sent.frame, timeout,
+                                                       after_lie=True))
         self.in_flight[mid] = dataclasses.replace(item, future=fut, reducer=order[0], order=tuple(order), retried=True)
         self.status.rounds_retried += 1
         logger.warning("module %s round %d: not applied (%s's mean is a lie); sent again to the next candidate",

@@ -238,7 +238,9 @@ def test_an_open_round_takes_only_contributions_from_the_state_it_opened_with():
 
     first, other = asyncio.run(go())
     assert other.status == "out_of_sync"
-    assert first.status == "alone" and first.contributors == ["p0"]
+    # Nor does the round close on the state it opened with, which the reducer no longer holds: a result from it
+    # would not say the state it makes, and p0 would apply that version unchecked. p0 looks at the announcements.
+    assert first.status == "out_of_sync" and "moved past the round" in first.reason
 
 
 def test_a_late_member_is_late_however_many_rounds_other_modules_closed():
@@ -432,3 +434,54 @@ def test_a_peer_most_holders_caught_lying_is_neither_our_reducer_nor_asked_who_r
     ex.voted_out = frozenset({"liar"})  # node/peer/state_sync.py sets it from the announcements' votes
     assert ex._must_ask("L0M0", mine) == ["a"]
     assert ex.shunned("liar") and not ex.shunned("a")
+
+
+def test_a_reducer_that_applied_another_version_of_an_open_round_does_not_close_it():
+    """A reducer whose state moved past a round while it was open (it applied another reducer's version of it, as
+    a member that a liar's failover or a split reached): its own version would be a second one, unchecked."""
+    async def go():
+        ex, mine = make_exchange(expected=3)
+        states = {"now": mine}
+        ex.state_of = lambda m: states["now"]
+        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, mine.digest, frames(1)[0]))
+        await asyncio.sleep(0.1)
+        other = OuterState.fresh(torch.linspace(-3, 3, NUMEL))
+        states["now"] = LocalState(1, other.digest(), other.anchor, other.momentum)  # round 0 applied elsewhere
+        return await first
+
+    got = asyncio.run(go())
+    assert got.status == "out_of_sync" and got.contributors == [] and not got.mean_frame
+
+
+class _Redirecting:
+    """A candidate that defers to `liar` for the first `defer` asks, then merges the round alone with us."""
+
+    def __init__(self, liar: str, defer: int):
+        self.liar, self.defer, self.asks = liar, defer, 0
+
+
+def test_a_round_sent_again_after_a_proven_lie_asks_a_candidate_that_still_defers_to_the_liar_again():
+    from pathswarm.protocol.exchange import RoundResult
+
+    async def go(after_lie: bool, defer: int):
+        ex, mine = make_exchange(expected=1)
+        ex.distrusted["liar"] = "its mean is not what its frames give"
+        cand = _Redirecting("liar", defer)
+
+        async def contribute_to(reducer, module, round_, tokens, digest, frame, timeout_s):
+            cand.asks += 1
+            if cand.asks <= cand.defer:
+                return RoundResult(module, round_, "redirect", reason="liar holds this round", redirect="liar")
+            return RoundResult(module, round_, "failed", reason="test: reached")
+
+        ex._contribute_to = contribute_to
+        got = await ex.contribute(["b"], "L0M0", 0, 10, mine.digest, frames(1)[0], 30.0, after_lie=after_lie)
+        return got, cand.asks
+
+    got, asks = asyncio.run(go(after_lie=True, defer=2))
+    assert asks == 3 and got.reason == "test: reached"  # asked again twice (0.25 s, then 0.5 s), then reached
+    got, asks = asyncio.run(go(after_lie=False, defer=2))
+    assert asks == 1 and got.status == "redirect"  # an ordinary round: a redirect to a liar ends it at once
+    # bounded: a candidate that never stops deferring is asked for a grace window at most (SPEC: 0.5 s + 2 s)
+    got, asks = asyncio.run(go(after_lie=True, defer=1000))
+    assert 2 <= asks <= 6 and got.status == "redirect"

@@ -17,11 +17,12 @@ class _Exchange:
     """Records every contribute call as (candidates, module, round, tokens)."""
 
     def __init__(self):
-        self.calls, self.distrusted = [], {}
+        self.calls, self.after_lie, self.distrusted = [], [], {}
         self.audits = SimpleNamespace(alerts=[])
 
-    def contribute(self, candidates, module, round_, tokens, digest, frame, timeout_s):
+    def contribute(self, candidates, module, round_, tokens, digest, frame, timeout_s, after_lie=False):
         self.calls.append((list(candidates), module, round_, tokens))
+        self.after_lie.append(after_lie)
         return None
 
     def skipped(self):
@@ -75,7 +76,7 @@ def test_a_round_whose_reducer_a_check_proved_a_liar_goes_to_the_next_candidate_
     exchange.calls.clear()
     sent = _settle_with(rounds, mid, lie, "its mean of it is not what its frames give")
     # sent again: the same contribution, the same round, to the candidates after the liar
-    assert exchange.calls == [(["r2", "me"], mid, first[2], first[3])]
+    assert exchange.calls == [(["r2", "me"], mid, first[2], first[3])] and exchange.after_lie[-1] is True
     again = rounds.in_flight[mid]
     assert again.retried and again.sent is sent.sent and again.reducer == "r2"
     assert rounds.status.rounds_retried == 1 and rounds.status.rounds_failed == 0
@@ -104,9 +105,9 @@ def test_a_reducer_that_only_did_not_show_its_frames_is_not_failed_over_from(spe
 
 
 def test_a_reducer_does_not_wait_for_holders_whose_contributions_it_refuses(spec):
-    """A round we reduce closes once the holders we expect have contributed; a proven liar or a peer most holders
-    voted out still claims the module, but its contributions are refused: counted, it would hold every such round
-    open for the whole grace window (benchmarks/hostile.py's lying arm)."""
+    """A round we reduce closes once the holders we expect have contributed; a proven liar still claims the module,
+    but its contributions are refused: counted, it would hold every such round open for the whole grace window
+    (benchmarks/hostile.py's lying arm)."""
     from pathswarm.node.peer.node import Node
     from pathswarm.node.peer.rounds import exchange_closer
     from pathswarm.protocol.exchange import ModuleExchange
@@ -122,4 +123,32 @@ def test_a_reducer_does_not_wait_for_holders_whose_contributions_it_refuses(spec
     node.exchange.distrust("liar", "its mean is not what its frames give")
     node.exchange.voted_out = frozenset({"voted"})
     node._use_groups(groups)
-    assert node.exchange.expected_holders == {"shared": 3, "L0M0": 1}
+    # the liar is refused; a peer only voted out (by a joiner's count) is still merged, so it still counts
+    assert node.exchange.expected_holders == {"shared": 4, "L0M0": 1}
+
+
+def test_a_blocking_poll_waits_for_the_round_sent_again_and_then_completes(spec, synthetic_docs):
+    """The round sent again after a proven lie is settled by the same blocking poll (its second pass): the node's
+    round completes once, when it settles."""
+    import threading
+
+    rounds, worker, exchange, futures = _rounds(spec, synthetic_docs)
+    _send(rounds, worker, _groups(worker))
+    exchange.distrusted["r1"] = "its mean is not what its frames give"
+    rounds.auditor.record = lambda *args, **kw: "its mean is not what its frames give"
+    lie = {mid: RoundResult(mid, 0, "merged", mean_frame=b"x", contributors=["r1", "me"], reducer="r1",
+                            frames=(("r1", 1, "h"),)) for mid in worker.module_ids}
+    first = list(futures)
+    for mid, fut in zip(worker.module_ids, first, strict=True):
+        fut.set_result(lie[mid])
+
+    def answer_the_second_sends():
+        while len(futures) < 2 * len(first):
+            threading.Event().wait(0.01)
+        for mid, fut in zip(worker.module_ids, futures[len(first):], strict=True):
+            fut.set_result(RoundResult(mid, 0, "failed", reason="test: the next candidate failed it too"))
+
+    threading.Thread(target=answer_the_second_sends, daemon=True).start()
+    assert rounds.poll(block=True, timeout_s=5.0) is True  # both passes settled: the round is complete
+    assert rounds.in_flight == {} and rounds.status.rounds_retried == len(worker.module_ids)
+    assert rounds.status.rounds_failed == len(worker.module_ids)
