@@ -195,10 +195,11 @@ class Rounds:
     def _retry_after_lie(self, mid: str, item: InFlight, result: RoundResult) -> bool:
         """A round whose reducer our check before applying proved a liar (its first rounds, or one on probation):
         send the same contribution again, for the same round, to the next candidates of the agreed list (the
-        exchange skips proven liars). Every honest member of the round checked it before applying (they all audit
-        a reducer's first rounds), so they all leave it here and meet at the same next candidate, which closes the
-        round honestly: the lie costs the group a grace window instead of a round's progress. A member that had
-        applied the lie answers at a later round, and the round then fails for us as before. Once per round; not
+        exchange skips proven liars). The honest members for whom the liar is new all check its round before
+        applying it, so they all leave it here and meet at the same next candidate, which closes the round
+        honestly: the lie costs the group a grace window instead of a round's progress. A member that had already
+        passed the liar's first checks applies the lie and answers at a later round (or, as a candidate, out of
+        sync): the round then fails for us as before, and the split watch heals the two versions. Once per round; not
         for a reducer that merely did not show its frames (that proves nothing, and the others may have applied
         its round)."""
         if item.retried or result.reducer not in self.exchange.distrusted:
