@@ -453,30 +453,25 @@ def test_a_reducer_that_applied_another_version_of_an_open_round_does_not_close_
     assert got.status == "out_of_sync" and got.contributors == [] and not got.mean_frame
 
 
-class _Redirecting:
-    """A candidate that defers to `liar` for the first `defer` asks, then merges the round alone with us."""
-
-    def __init__(self, liar: str, defer: int):
-        self.liar, self.defer, self.asks = liar, defer, 0
-
-
 def test_a_round_sent_again_after_a_proven_lie_asks_a_candidate_that_still_defers_to_the_liar_again():
     from pathswarm.protocol.exchange import RoundResult
 
     async def go(after_lie: bool, defer: int):
         ex, mine = make_exchange(expected=1)
         ex.distrusted["liar"] = "its mean is not what its frames give"
-        cand = _Redirecting("liar", defer)
+        asks = 0
 
         async def contribute_to(reducer, module, round_, tokens, digest, frame, timeout_s):
-            cand.asks += 1
-            if cand.asks <= cand.defer:
+            # candidate b defers to the liar for its first `defer` asks, then answers
+            nonlocal asks
+            asks += 1
+            if asks <= defer:
                 return RoundResult(module, round_, "redirect", reason="liar holds this round", redirect="liar")
             return RoundResult(module, round_, "failed", reason="test: reached")
 
         ex._contribute_to = contribute_to
         got = await ex.contribute(["b"], "L0M0", 0, 10, mine.digest, frames(1)[0], 30.0, after_lie=after_lie)
-        return got, cand.asks
+        return got, asks
 
     got, asks = asyncio.run(go(after_lie=True, defer=2))
     assert asks == 3 and got.reason == "test: reached"  # asked again twice (0.25 s, then 0.5 s), then reached
