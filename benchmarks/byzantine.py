@@ -4,7 +4,7 @@ Goal (issue: faults and adversaries): with 1 of 4 DiLoCo workers sending, in tur
 sign-flipped, random-noise, all-NaN and wrong-shape outer gradients, the honest workers' routed
 validation loss ends within 2 % of a clean run with the same seed.
 
-Every arm runs node/train/simulate.py (the node's worker, codec and group merge: protocol/aggregate.py, the
+Every arm runs node/train/simulate.py (the node's worker, codec and group merge: protocol/rounds/merge.py, the
 reducer's rule) with 4 workers on one path of BBC News, the same seed and data order. Arms: clean with
 the robust rule (the reference), clean with the plain token-weighted mean (what the rule costs when
 nobody attacks), each attack alone and all of them in turn under the robust rule, and the first three

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from pathswarm.compression.codec import DEFAULT_BLOCK_SIZE, DEFAULT_TARGET_ERROR, DEFAULT_ZSTD_LEVEL
-from pathswarm.compression.codecs import Codec, Int8Codec
+from pathswarm.compression.base import Codec
 
 
 class ErrorFeedback:
@@ -21,16 +20,12 @@ class ErrorFeedback:
         self.residual: torch.Tensor | None = None
         """float32, flat: what the last frame left out; None before the first round."""
 
-    def encode(self, tensor: torch.Tensor, *, block_size: int = DEFAULT_BLOCK_SIZE,
-               zstd_level: int = DEFAULT_ZSTD_LEVEL, target_error: float = DEFAULT_TARGET_ERROR,
-               zstd_threads: int = 0, codec: Codec | None = None) -> bytes:
-        """Encode tensor + residual and keep the new residual: with `codec` (either kind, compression/codecs.py),
-        else blockwise int8 with the same arguments as `encode`. For the sparse codec the residual holds every
-        entry not sent this round, whole.
+    def encode(self, tensor: torch.Tensor, codec: Codec) -> bytes:
+        """Encode tensor + residual with `codec` (any kind, compression/registry.py) and keep the new residual:
+        what was sent minus what the codec says a peer will decode (for the sparse codec, every entry not sent this
+        round, whole, and the rounding of those sent).
 
         If encoding fails (NaN / Inf, bad arguments) the residual is left as it was."""
-        if codec is None:
-            codec = Int8Codec(block_size, zstd_level, target_error, zstd_threads)
         codec.check(tensor)
         compensated = tensor.detach().to("cpu", torch.float32, copy=True).reshape(-1)
         if self.residual is not None:
@@ -39,6 +34,8 @@ class ErrorFeedback:
                                  f"a tensor of {compensated.numel()}: use one ErrorFeedback per module")
             compensated.add_(self.residual)
         frame, decoded = codec.encode_values(compensated, tuple(tensor.shape), tensor.dtype, want_decoded=True)
+        if decoded is None:
+            raise TypeError(f"{type(codec).__name__}.encode_values ignored want_decoded")
         self.residual = compensated.sub_(decoded.float())
         return frame
 

@@ -100,15 +100,29 @@ def quantize(flat: torch.Tensor, block_size: int, target_error: float, scale_max
     n = flat.numel()
     n_blocks = -(-n // block_size)
     q = torch.empty(n_blocks * block_size, dtype=torch.int8) if q_out is None else q_out
-    scales = torch.empty(n_blocks, dtype=torch.float32)
     if n == 0:
-        return q, scales
+        return q, torch.empty(n_blocks, dtype=torch.float32)
     chunk = min(max(1, CHUNK_ELEMENTS // block_size) * block_size, n_blocks * block_size)
     work = torch.empty(chunk, dtype=torch.float32)  # |x|, then x / s
     staged = torch.empty(chunk, dtype=torch.float32)  # fp32 copy of half inputs and of the ragged last block
+    absmax, norms = _block_stats(flat, block_size, target_error > 0, work, staged)
+    top = float(absmax.max())
+    if not math.isfinite(top):
+        block = int((~torch.isfinite(absmax)).nonzero()[0])
+        raise ValueError(f"tensor contains NaN or Inf (first in elements {block * block_size}.."
+                         f"{min(n, (block + 1) * block_size) - 1}); refusing to encode it")
+    scales = _block_scales(absmax, norms, n, block_size, target_error, scale_max)
+    _round(flat, block_size, scales, top > QMAX * scale_max, q, work, staged)
+    return q, scales
+
+
+def _block_stats(flat: torch.Tensor, block_size: int, want_norms: bool, work: torch.Tensor,
+                 staged: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The first pass: each block's absmax, and its L2 norm when want_norms (float32, one per block)."""
+    n_blocks = -(-flat.numel() // block_size)
     absmax = torch.empty(n_blocks, dtype=torch.float32)
-    norms = torch.empty(n_blocks, dtype=torch.float32) if target_error > 0 else None
-    for start, m, k in _chunks(n, block_size):
+    norms = torch.empty(n_blocks, dtype=torch.float32) if want_norms else None
+    for start, m, k in _chunks(flat.numel(), block_size):
         mp, b0 = k * block_size, start // block_size
         x = _fp32_chunk(flat, start, m, mp, staged)
         w = work[:mp]
@@ -116,11 +130,14 @@ def quantize(flat: torch.Tensor, block_size: int, target_error: float, scale_max
         torch.amax(w.view(k, block_size), dim=1, out=absmax[b0:b0 + k])
         if norms is not None:
             torch.linalg.vector_norm(x.view(k, block_size), dim=1, out=norms[b0:b0 + k])
-    top = float(absmax.max())
-    if not math.isfinite(top):
-        block = int((~torch.isfinite(absmax)).nonzero()[0])
-        raise ValueError(f"tensor contains NaN or Inf (first in elements {block * block_size}.."
-                         f"{min(n, (block + 1) * block_size) - 1}); refusing to encode it")
+    return absmax, norms
+
+
+def _block_scales(absmax: torch.Tensor, norms: torch.Tensor | None, n: int, block_size: int, target_error: float,
+            scale_max: float) -> torch.Tensor:
+    """Every block's scale (float32 holding bfloat16 values), from its stats; absmax and norms are overwritten."""
+    n_blocks = absmax.numel()
+    scales = torch.empty(n_blocks, dtype=torch.float32)
     torch.mul(absmax, 1.0 / QMAX, out=scales)
     if norms is not None:
         # floor = sqrt(12) * min(target_error * rms_tensor, BLOCK_ERROR_CAP * ||block|| / sqrt(count)); the
@@ -137,9 +154,14 @@ def quantize(flat: torch.Tensor, block_size: int, target_error: float, scale_max
         floor.clamp_(max=floor_tensor)
         torch.maximum(scales, floor, out=scales)
     round_up_to_bf16_(scales).clamp_(TINY, scale_max)
+    return scales
+
+
+def _round(flat: torch.Tensor, block_size: int, scales: torch.Tensor, saturate: bool, q: torch.Tensor,
+           work: torch.Tensor, staged: torch.Tensor) -> None:
+    """The second pass: q = round(x / scale) per block, as int8 (padding past numel included)."""
     inv = torch.reciprocal(scales)
-    saturate = top > QMAX * scale_max
-    for start, m, k in _chunks(n, block_size):
+    for start, m, k in _chunks(flat.numel(), block_size):
         mp, b0 = k * block_size, start // block_size
         x = _fp32_chunk(flat, start, m, mp, staged)
         w = work[:mp]
@@ -150,7 +172,6 @@ def quantize(flat: torch.Tensor, block_size: int, target_error: float, scale_max
             # 127 * scale_max saturate at the largest representable magnitude instead of wrapping.
             w.clamp_(-QMAX, QMAX)
         q[start:start + mp].copy_(w)
-    return q, scales
 
 
 def dequantize(values, scales: torch.Tensor, block_size: int, n: int, dtype: torch.dtype,

@@ -1,6 +1,6 @@
 """The sparse outer-gradient codec: per-chunk top-k, low-bit values, zstd; a checked frame, and back.
 
-Beside blockwise int8 (codec.py), for swarms whose uplinks are the limit (SparseLoCo, arXiv 2508.15706, sends
+Beside blockwise int8 (int8.py), for swarms whose uplinks are the limit (SparseLoCo, arXiv 2508.15706, sends
 1–3 % of entries at 2 bits). The tensor is cut into chunks of `chunk_size` values; each chunk sends its `k`
 largest-magnitude entries (exact zeros are never sent), the rest is left to error feedback (feedback.py keeps
 compensated − decoded, so everything not sent, and every rounding, is sent in a later round).
@@ -13,7 +13,7 @@ Positions: within each chunk, sorted; the first is stored as is, each next one a
 (≥ 1). Distances are 16-bit, stored as a plane of low bytes then a plane of high bytes (the high plane is mostly
 zeros), with the per-chunk counts in front and the packed value codes after; zstd then codes all of it.
 
-The round's result (the reducer's mean, protocol/aggregate.py) is a mean of sparse vectors and is denser than
+The round's result (the reducer's mean, protocol/rounds/merge.py) is a mean of sparse vectors and is denser than
 each: its support is the union of the contributions' supports (up to group size × k per chunk, less where they
 overlap). It is encoded with this same format with k = None, i.e. every non-zero entry, at `mean_bits` per value
 (the mean has no error feedback: every member applies exactly these bytes, so its rounding is nobody's to resend).

@@ -1,10 +1,10 @@
 """A swarm's signed records in the DHT: path claims, module announcements, metrics, a private swarm's revocation
-list (over protocol/net.py).
+list (over protocol/net/).
 
 Every record a peer writes goes under a key prefixed with the swarm id (protocol/records.py) and a
 subkey that names its owner, `[owner:<ssh-rsa key>]`, which the DHT signs with the peer's key; every
 honest peer refuses a write to another owner's subkey, and `SwarmRecordValidator`
-(protocol/_hivemind_records.py) refuses records that are unsigned, malformed, off the spec, or written
+(protocol/net/validator.py) refuses records that are unsigned, malformed, off the spec, or written
 in the name of another peer id. Reads check all of it again here. A bad record costs a log line and is
 dropped; nothing read from a peer raises.
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, TypeVar
 
-from pathswarm.protocol._hivemind_records import SwarmRecordValidator, gate_of, peer_id_of_owner
 from pathswarm.protocol.membership import MembershipError, Revocations
+from pathswarm.protocol.net.validator import SwarmRecordValidator, gate_of, peer_id_of_owner
 from pathswarm.protocol.records import (
     ModuleAnnouncement,
     NodeMetrics,
@@ -82,7 +82,7 @@ def _read(sdht: SwarmNet, spec: SwarmSpec, key: str, model: type[_R], timeout_s:
                 raise RecordError(f"names peer {record.peer_id} but is signed by {owner_peer_id}")
             if limit is not None and (latest := max(_rounds_of(record))) > limit:
                 raise RecordError(f"round {latest} is later than the swarm's age allows ({limit})")
-            if model is RevocationRecord:
+            if isinstance(record, RevocationRecord):
                 gate.learn(record.token)  # the owner's signature is the authority; the relayer is a member
             gate.check(record.membership, owner_peer_id, valid_until=0.0 if model is RevocationRecord else None)
         except (RecordError, MembershipError) as e:

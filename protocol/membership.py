@@ -143,7 +143,8 @@ def load_owner_key(path: Path, passphrase: str | None = None) -> Ed25519PrivateK
     if encrypted and not passphrase:
         raise PassphraseNeeded(f"owner key {path} is encrypted: give its passphrase")
     try:
-        key = serialization.load_pem_private_key(data, password=passphrase.encode() if encrypted else None)
+        password = passphrase.encode() if encrypted and passphrase else None
+        key = serialization.load_pem_private_key(data, password=password)
     except (ValueError, TypeError):
         if encrypted:
             raise PassphraseNeeded(f"wrong passphrase for owner key {path}") from None

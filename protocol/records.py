@@ -123,7 +123,8 @@ class ModuleAnnouncement(_Record):
     client: bool = False
     """The announcer cannot be dialed: it vouches for the digest but serves no downloads."""
     reducers_digest: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
-    """sha256 of the agreed reducer list held with the state (protocol/reducers.py `list_digest`); "" not stated."""
+    """sha256 of the agreed reducer list held with the state (protocol/rounds/reducers.py `list_digest`); "": not
+    stated."""
     distrusts: tuple[PeerIdStr, ...] = Field(default=(), max_length=MAX_DISTRUSTS)
     """Reducers the announcer caught lying (node/peer/audit.py), its latest ones: a joiner with no history of its
     own leaves out of its count a peer that most announcers distrust (node/peer/vouch.py `voted_out`)."""

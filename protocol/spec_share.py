@@ -67,7 +67,8 @@ class SpecServer:
                 await write_message(writer, {"status": "refused", "reason": "rate limited"})
                 return
             header, _ = await read_message(reader, 0)
-            text = self.texts.get(header.get("swarm_id")) if isinstance(header.get("swarm_id"), str) else None
+            swarm_id = header.get("swarm_id")
+            text = self.texts.get(swarm_id) if isinstance(swarm_id, str) else None
             if text is None:
                 await write_message(writer, {"status": "unknown"})
             else:

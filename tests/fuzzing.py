@@ -38,14 +38,10 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.utils import MSGPackSerializer
 from hivemind.utils.crypto import RSAPrivateKey
 
-from pathswarm.compression import CodecError, decode, encode
-from pathswarm.compression.codecs import SparseCodec, encode_with
+from pathswarm.compression import CodecError, SparseCodec, decode, encode, encode_with
 from pathswarm.compression.frame import checksum
 from pathswarm.compression.sparse import decode_sparse
-from pathswarm.node.peer.rounds import exchange_closer
-from pathswarm.protocol.audit import MAX_LISTED, frame_hash, parse_frame_list
 from pathswarm.protocol.dht import SwarmRecordValidator, peer_id_of_owner
-from pathswarm.protocol.exchange import LocalState, ModuleExchange
 from pathswarm.protocol.membership import (
     CLOCK_SKEW_S,
     MAX_CERT_BYTES,
@@ -73,7 +69,10 @@ from pathswarm.protocol.records import (
     record_to_json,
     record_to_wire,
 )
-from pathswarm.protocol.reducers import Stance
+from pathswarm.protocol.rounds.exchange import ModuleExchange
+from pathswarm.protocol.rounds.messages import MAX_LISTED, frame_hash, parse_frame_list
+from pathswarm.protocol.rounds.outer import OuterState
+from pathswarm.protocol.rounds.reducers import Stance
 from pathswarm.protocol.spec import AveragingSpec, MembershipSpec, RouterSpec, SpecError, SwarmSpec, loads_spec
 from pathswarm.protocol.wire import MAGIC, MAX_HEADER_BYTES, Traffic, WireError, field_of, read_message, write_message
 
@@ -136,7 +135,7 @@ NUMEL = 64
 XSPEC = SwarmSpec(name="fuzz-x", levels=(2, 2), averaging=AveragingSpec(grace_s=0.2, timeout_s=2.0))
 XPRIVATE = XSPEC.replace(membership=MembershipSpec(owner_key=OWNER_KEY))
 XCERT = issue(OWNER, XPRIVATE.swarm_id, PEER, 4e9, now=NOW).token
-STATE = LocalState(3, "d0" * 8, torch.linspace(-1, 1, NUMEL), torch.zeros(NUMEL))
+STATE = OuterState(torch.linspace(-1, 1, NUMEL), torch.zeros(NUMEL), 3)
 STATE_PAYLOAD = torch.cat([STATE.anchor, STATE.momentum]).numpy().tobytes()
 FRAME = encode(torch.randn(NUMEL, generator=torch.Generator().manual_seed(0)) * 1e-3)
 STATUSES = {"merged", "alone", "late", "out_of_sync", "behind", "failed", "refused", "missing", "ok", "redirect"}
@@ -522,7 +521,7 @@ def exchange(private: bool, streams: FakeStreams | None = None) -> ModuleExchang
     spec = XPRIVATE if private else XSPEC
 
     return ModuleExchange(spec, streams, OTHER_PEER, {m: NUMEL for m in spec.all_module_ids()}, lambda m: STATE,
-                          exchange_closer(spec), membership=XCERT if private else "", clock=SkippingClock())
+                          membership=XCERT if private else "", clock=SkippingClock())
 
 
 MESSAGES = [message({}), message({"status": "ok", "round": 3, "digest": "ab"}, bytes(range(256)) * 4),
@@ -754,7 +753,7 @@ def run_field_of(inp) -> str:
 
 def gen_contribute_request(rng: random.Random):
     private = rng.random() < 0.5
-    header = {"module": "shared", "round": STATE.round, "tokens": 1000, "digest": STATE.digest,
+    header = {"module": "shared", "round": STATE.round, "tokens": 1000, "digest": STATE.digest(),
               "membership": XCERT if private else ""}
     frame = FRAME if rng.random() < 0.5 else mutate_bytes(FRAME, rng)
     return private, framed(mutated_header(header, rng), rng, then=message({}, frame))
@@ -767,7 +766,8 @@ def gen_state_request(rng: random.Random):
 
 def gen_stance_request(rng: random.Random):
     private = rng.random() < 0.5
-    header = {"module": "shared", "round": STATE.round, "digest": STATE.digest, "membership": XCERT if private else ""}
+    header = {"module": "shared", "round": STATE.round, "digest": STATE.digest(),
+              "membership": XCERT if private else ""}
     return private, framed(mutated_header(header, rng), rng)
 
 
@@ -786,7 +786,7 @@ def run_stance(inp) -> str:
 async def handle(handler_name: str, private: bool, data: bytes) -> bytes:
     """What the exchange's handler `handler_name` writes back to a peer that sent `data`."""
     sink = Sink()
-    await asyncio.wait_for(getattr(exchange(private), handler_name)(PEER, reader_of(data), sink), 10)
+    await asyncio.wait_for(getattr(exchange(private).service, handler_name)(PEER, reader_of(data), sink), 10)
     assert sink.closed, "the handler must close its stream"
     return bytes(sink.data)
 
@@ -796,7 +796,7 @@ def serve(handler_name: str) -> Callable:
 
 
 def gen_state_reply(rng: random.Random) -> bytes:
-    header = mutated_header({"status": "ok", "round": STATE.round, "digest": STATE.digest, "reducers": [PEER]}, rng)
+    header = mutated_header({"status": "ok", "round": STATE.round, "digest": STATE.digest(), "reducers": [PEER]}, rng)
     payload = rng.choice([STATE_PAYLOAD, mutate_bytes(STATE_PAYLOAD, rng), rng.randbytes(rng.randrange(600))])
     return framed(header, rng, payload)
 
@@ -805,7 +805,7 @@ def run_fetch_state(reply: bytes) -> str:
     result = LOOP.run(exchange(False, FakeStreams(reply)).fetch_state(PEER, "L0M1", 5.0))
     if result is None:
         return "refused"
-    round_, digest, anchor, momentum = result.round, result.digest, result.anchor, result.momentum
+    round_, digest, anchor, momentum = result.round, result.digest(), result.anchor, result.momentum
     assert isinstance(round_, int) and 0 <= round_ < 1 << 63 and isinstance(digest, str), "round out of bounds"
     assert anchor.shape == momentum.shape == (NUMEL,)
     assert bool(torch.isfinite(anchor).all() and torch.isfinite(momentum).all()), "non-finite state"
@@ -821,7 +821,7 @@ def gen_contribute_reply(rng: random.Random) -> bytes:
 
 
 def run_contribute_reply(reply: bytes) -> str:
-    result = LOOP.run(exchange(False, FakeStreams(reply)).contribute([PEER], "L0M0", 3, 5, STATE.digest, FRAME, 5.0))
+    result = LOOP.run(exchange(False, FakeStreams(reply)).contribute([PEER], "L0M0", 3, 5, STATE.digest(), FRAME, 5.0))
     assert isinstance(result.status, str) and isinstance(result.mean_frame, bytes)
     return "accepted" if result.status in ("merged", "alone", "late") else "refused"
 
@@ -881,9 +881,9 @@ FUZZERS = [
     Fuzzer("membership.verify_revocations", revocation_token, run_revocations, (MembershipError,)),
     Fuzzer("wire.read_message", gen_read_message, run_read_message, (WireError, asyncio.IncompleteReadError)),
     Fuzzer("wire.field_of", gen_field_of, run_field_of, (WireError,)),
-    Fuzzer("exchange._on_contribute", gen_contribute_request, serve("_on_contribute")),
-    Fuzzer("exchange._on_state", gen_state_request, serve("_on_state")),
-    Fuzzer("exchange._on_stance", gen_stance_request, run_stance),
+    Fuzzer("exchange.service._on_contribute", gen_contribute_request, serve("_on_contribute")),
+    Fuzzer("exchange.service._on_state", gen_state_request, serve("_on_state")),
+    Fuzzer("exchange.service._on_stance", gen_stance_request, run_stance),
     Fuzzer("exchange.fetch_state", gen_state_reply, run_fetch_state),
     Fuzzer("exchange.contribute (reply)", gen_contribute_reply, run_contribute_reply),
     Fuzzer("audit.parse_frame_list", gen_frame_list, run_frame_list, (ValueError,)),

@@ -18,9 +18,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from pathswarm.protocol.exchange import PROTOCOL_VERSION
 from pathswarm.protocol.net import start_net
 from pathswarm.protocol.netloop import NetLoop
+from pathswarm.protocol.rounds.context import PROTOCOL_VERSION
 from pathswarm.protocol.spec import load_spec
 from pathswarm.protocol.wire import read_message, write_message
 

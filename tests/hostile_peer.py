@@ -21,13 +21,12 @@ import torch
 
 from pathswarm.compression import encode
 from pathswarm.node.model.model import count_module_params
-from pathswarm.node.peer.rounds import exchange_closer
-from pathswarm.node.train.outer import state_digest
 from pathswarm.protocol.dht import announce_module
-from pathswarm.protocol.exchange import LocalState, ModuleExchange
 from pathswarm.protocol.net import start_net
 from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.records import ModuleAnnouncement
+from pathswarm.protocol.rounds.exchange import ModuleExchange
+from pathswarm.protocol.rounds.outer import OuterState, state_digest
 from pathswarm.protocol.spec import load_spec
 
 MODULE = "shared"
@@ -52,13 +51,13 @@ def main(spec_path: str, initial_peer: str, victim_status: str, report: str, sec
     anchor = torch.full((numel,), 1e3)  # a model no honest round would ever reach
     momentum = torch.zeros(numel)
     digest = state_digest(anchor, momentum, round_)
-    forged = LocalState(round_, digest, anchor, momentum, ())
+    forged = OuterState(anchor, momentum, round_, ())
     sdht = start_net([initial_peer], spec=spec)
     loop = NetLoop()
     try:
         streams = loop.run(sdht.streams(), 30)
         exchange = ModuleExchange(spec, streams, sdht.peer_id, {MODULE: numel},
-                                  lambda mid: forged if mid == MODULE else None, exchange_closer(spec))
+                                  lambda mid: forged if mid == MODULE else None)
         loop.run(exchange.start(), 30)
         announce_module(sdht, spec, ModuleAnnouncement(module_id=MODULE, round=round_, digest=digest,
                                                        peer_id=sdht.peer_id, numel=numel), ttl_s=120)

@@ -12,35 +12,29 @@ from __future__ import annotations
 import logging
 import sys
 
-from pathswarm.node.peer import node as node_module
-from pathswarm.node.peer.rounds import exchange_closer
-from pathswarm.node.train.outer import OuterState
-from pathswarm.node.train.round import decode_mean, encode_mean
-from pathswarm.protocol.exchange import Closed, LocalState
+from pathswarm.protocol.rounds import exchange as exchange_module
+from pathswarm.protocol.rounds.rule import ClosedRound, close_round, decode_mean, encode_mean
 
 logger = logging.getLogger("lying_node")
 
 
-def lying_closer(spec, group: int):
-    honest = exchange_closer(spec)
-
-    def close(contributions, numel, before):
-        c = honest(contributions, numel, before)
+def lying_closer(group: int):
+    def close(spec, contributions, numel, before):
+        c = close_round(contributions, numel, spec, before)
         if before is None or not c.mean_frame or len(c.used) < group:
             return c
         lie = encode_mean(-decode_mean(c.mean_frame, numel, spec.codec), spec.codec)
-        st = OuterState(before.anchor.clone(), before.momentum.clone(), before.round)
-        st.apply(decode_mean(lie, numel, spec.codec), spec.outer)
+        after = before.stepped(decode_mean(lie, numel, spec.codec), spec.outer)
         logger.warning("LYING: round %d merged %d contributions, sending the sign-flipped mean", before.round,
                        len(c.used))
-        return Closed(lie, c.used, c.tokens, c.rejected, LocalState(st.round, st.digest(), st.anchor, st.momentum))
+        return ClosedRound(lie, c.used, c.tokens, c.rejected, after)
 
     return close
 
 
 if __name__ == "__main__":
     group = int(sys.argv[1])
-    node_module.exchange_closer = lambda spec: lying_closer(spec, group)
+    exchange_module.rule_closer = lying_closer(group)  # every exchange built from now on closes with it
     sys.argv = ["pathswarm", *sys.argv[2:]]
     from pathswarm.node.app.cli import main
 

@@ -1,8 +1,9 @@
 """The `pathswarm` command line (click): parses options, sets up logging, calls the library.
 
-This file holds the root group and the `swarm` commands (create, identify, invite, inspect a swarm); the
-others live by concern in node/app/cli_node.py (run a peer), node/app/cli_model.py (simulate, demo, eval,
-generate) and node/train/tune.py (tune). What they share, one line and exit code 2 for every user-facing
+This file holds the root group and the `swarm` commands that create a swarm and manage its members (init, id,
+invite, revoke); the others live by concern in node/app/cli_swarm_view.py (swarm status, swarm dashboard),
+node/app/cli_node.py (run a peer), node/app/cli_model.py (simulate, demo, eval, generate) and
+node/app/cli_tune.py (tune). What they share, one line and exit code 2 for every user-facing
 failure, is node/app/cli_common.py.
 """
 
@@ -14,16 +15,13 @@ import time
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from pathswarm import __version__
-from pathswarm.node.app.cli_common import friendly, load_spec_option, write_json
+from pathswarm.node.app.cli_common import friendly, load_spec_option
 from pathswarm.node.app.cli_model import demo, eval_cmd, generate, simulate
 from pathswarm.node.app.cli_node import bootstrap, node
-from pathswarm.node.app.fmt import plot_path_history
-from pathswarm.node.peer.joining import resolve_swarm
-from pathswarm.node.train.tune import tune_command
+from pathswarm.node.app.cli_swarm_view import swarm_dashboard, swarm_status
+from pathswarm.node.app.cli_tune import tune_command
 from pathswarm.protocol.identity import default_owner_key
 from pathswarm.protocol.membership import (
     Ed25519PrivateKey,
@@ -52,8 +50,8 @@ PASSPHRASE_ENV = "PATHSWARM_OWNER_PASSPHRASE"
 # Imported inside the commands that need them, after the checks of their options, so that `pathswarm --help` and a
 # mistyped option answer at once; measured (python -X importtime, min of 15) on top of what `--help` loads anyway
 # (~200 ms in all): swarm_init and node/model/data.py import torch, ~1.8 s; protocol/swarm_view.py the pydantic
-# records, ~90 ms; protocol/net.py hivemind, ~2.8 s. rich (~20 ms) and protocol/membership.py (cryptography,
-# ~19 ms) cost less than `--help`'s own run-to-run spread, so they are imported above.
+# records, ~90 ms; protocol/net/ hivemind, ~2.8 s. rich (~20 ms, in cli_swarm_view.py) and protocol/membership.py
+# (cryptography, ~19 ms) cost less than `--help`'s own run-to-run spread, so they are imported at the top.
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -308,106 +306,11 @@ def swarm_revoke(spec_path: str, peer_ids: tuple[str, ...], owner_key: str | Non
         click.echo("published: nodes refuse the revoked peers from their next round on")
 
 
-@swarm.command("status")
-@click.option("--swarm", "spec_path", type=str, default=None,
-              help="The swarm's spec (TOML), or 'public'.")
-@click.option("--join", "join_id", default=None, help="Or the swarm id (the spec is fetched from the swarm).")
-@click.option("--initial-peer", "initial_peers", multiple=True,
-              help="Multiaddr of a peer of the swarm (repeat for several).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write JSON here.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a PNG of each path's training loss over the last rounds here.")
-@friendly
-def swarm_status(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], json_path: str | None,
-                 plot_path: str | None) -> None:
-    """Paths (who serves each, tokens/s, round, loss), modules (round, holders, replica agreement), totals.
-
-    Read from the records the swarm's nodes publish in the DHT (also in a private swarm: records are
-    signed and validated, not secret; module weights are served only to members)."""
-    spec, initial_peers = resolve_swarm(spec_path, join_id, initial_peers)
-    if not initial_peers:
-        raise click.UsageError("--initial-peer is required: the address of any peer of the swarm")
-    from pathswarm.protocol.swarm_view import collect_view, summarize
-
-    sdht = _start_client_or_explain(spec, initial_peers)
-    try:
-        summary = summarize(spec, collect_view(sdht, spec))
-    finally:
-        sdht.shutdown()
-    console = Console()
-    t = Table(title=f"swarm {spec.name} ({spec.swarm_id[:12]}…): paths")
-    for col in ("path", "nodes", "tokens/s", "round", "loss"):
-        t.add_column(col, justify="right")
-    for p in summary["paths"]:
-        t.add_row(p["path"], str(len(p["nodes"])), f"{p['tokens_per_s']:,.0f}", str(p["last_round"] or "-"),
-                  f"{p['loss']:.4f}" if p["loss"] is not None else "-")
-    console.print(t)
-    t = Table(title="modules")
-    for col in ("module", "round", "holders", "at that round", "replicas agree"):
-        t.add_column(col, justify="right")
-    for m in summary["modules"]:
-        agree = {True: "yes", False: "NO", None: "-"}[m["replicas_agree"]]
-        t.add_row(m["module"], str(m["round"] if m["round"] is not None else "-"), str(m["holders"]),
-                  str(m["holders_at_round"]), agree)
-    console.print(t)
-    tot = summary["totals"]
-    unknown = tot["nodes_reporting"] - tot["nodes_reachable"] - tot["nodes_behind_nat"]
-    console.print(f"{tot['nodes']} nodes · {tot['paths_served']}/{spec.n_paths} paths served · "
-                  f"{tot['tokens_per_s']:,.0f} tokens/s · sent {tot['bytes_sent']:,} B · reachable "
-                  f"{tot['nodes_reachable']}, behind NAT (client) {tot['nodes_behind_nat']}, not measured {unknown}")
-    write_json(json_path, summary)
-    if plot_path:
-        plot_path_history(summary, plot_path)
-        click.echo(f"wrote {plot_path}")
-
-
-@swarm.command("dashboard")
-@click.option("--swarm", "spec_path", type=str, default=None, help="The swarm's spec (TOML), or 'public'.")
-@click.option("--join", "join_id", default=None, help="Or the swarm id (the spec is fetched from the swarm).")
-@click.option("--initial-peer", "initial_peers", multiple=True,
-              help="Multiaddr of a peer of the swarm (repeat for several).")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to serve on; another than loopback lets other machines read the page.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8470, show_default=True, help="0: any free port.")
-@click.option("--poll-s", type=click.FloatRange(1.0, 3600.0), default=5.0, show_default=True,
-              help="Seconds between two reads of the swarm's records.")
-@friendly
-def swarm_dashboard(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], host: str, port: int,
-                    poll_s: float) -> None:
-    """A live web page of the swarm, /metrics for Prometheus and /api/status (what `status --json` prints).
-
-    \b
-    The page updates every few seconds: the grid of modules (round, holders, replica agreement), each path's
-    nodes, throughput and loss curve, group sizes per module, late and failed rounds, and the swarm's totals
-    (tokens, bytes sent against fp32 data-parallel). Read-only; Ctrl-C stops it."""
-    spec, initial_peers = resolve_swarm(spec_path, join_id, initial_peers)
-    if not initial_peers:
-        raise click.UsageError("--initial-peer is required: the address of any peer of the swarm")
-    from pathswarm.node.app.dashboard.run import check_host, serve_until_stopped, swarm_poll
-    from pathswarm.node.app.dashboard.server import Dashboard
-    from pathswarm.node.app.dashboard.view import DashboardState
-
-    check_host(host)
-    sdht = _start_client_or_explain(spec, initial_peers)
-    try:
-        with Dashboard(DashboardState(spec), swarm_poll(spec, lambda: sdht), host, port, poll_s) as board:
-            click.echo(f"dashboard of swarm {spec.name} ({spec.swarm_id[:12]}…) at {board.url} · Ctrl-C stops it")
-            serve_until_stopped()
-    finally:
-        sdht.shutdown()
-
-
-def _start_client_or_explain(spec: SwarmSpec, initial_peers: tuple[str, ...]):
-    """A DHT client of the swarm; a NetStartError (a ValueError: one line) says why it did not start."""
-    from pathswarm.protocol.net import start_net
-
-    return start_net(list(initial_peers), spec=spec, client_mode=True)
-
-
 # ---- the other commands, by concern --------------------------------------------------------------
-for command in (node, bootstrap, simulate, demo, eval_cmd, generate):
+for command in (swarm_status, swarm_dashboard):
+    swarm.add_command(command)
+for command in (node, bootstrap, simulate, demo, eval_cmd, generate, tune_command):
     main.add_command(command)
-main.add_command(tune_command, "tune")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -172,7 +172,9 @@ def run_demo(nodes: int, rounds: int, inner_steps: int, out_dir: Path, json_path
     failed = {n: c for n, c in codes.items() if c != 0}
     if failed:
         raise RuntimeError(f"nodes exited with errors {failed}; logs in {out_dir / 'swarm'}")
-    statuses = {n: swarm.status(n) for n in names}
+    statuses = {n: st for n in names if (st := swarm.status(n)) is not None}
+    if len(statuses) < len(names):
+        raise RuntimeError(f"nodes {sorted(set(names) - set(statuses))} wrote no status; logs in {out_dir / 'swarm'}")
     summary = summarize(spec, statuses)
     summary["wall_s"] = time.monotonic() - t0
     table = Table(title=f"{nodes} nodes, {summary['rounds_completed']} rounds, {summary['wall_s']:.0f} s")

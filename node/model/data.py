@@ -134,7 +134,8 @@ def split(docs: Sequence[Document], val_fraction: float) -> tuple[list[Document]
     sha256, read as a fraction of 2**32, fall below val_fraction. Order of `docs` is kept."""
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    train, val = [], []
+    train: list[Document] = []
+    val: list[Document] = []
     for d in docs:
         (val if int(d.doc_id[:8], 16) / 2**32 < val_fraction else train).append(d)
     return train, val
@@ -153,7 +154,7 @@ _CODE_OPS = ("+", "-", "*", "//", "%")
 
 
 def _code_doc(rng: random.Random, n_bytes: int) -> str:
-    out = []
+    out: list[str] = []
     while sum(map(len, out)) < n_bytes:
         fn, a, b = rng.choice(_CODE_NAMES), rng.choice(_CODE_NAMES), rng.choice(_CODE_NAMES)
         lines = [f"def {fn}_{rng.randrange(100)}({a}, {b}):"]
@@ -174,7 +175,7 @@ def _table_doc(rng: random.Random, n_bytes: int) -> str:
 
 
 def _prose_doc(rng: random.Random, n_bytes: int) -> str:
-    sentences = []
+    sentences: list[str] = []
     while sum(map(len, sentences)) < n_bytes:
         words = rng.choices(_PROSE_WORDS, k=rng.randint(6, 14))
         sentences.append(" ".join(words).capitalize() + ". ")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -130,7 +131,7 @@ class PathModel(nn.Module):
         self.spec = spec
         self.path = tuple(path)
         self.module_ids = spec.module_ids(self.path)
-        self.shared = modules[SHARED]
+        self.shared = cast(SharedModule, modules[SHARED])  # new_module(spec, SHARED) made it
         self.levels = nn.ModuleList(modules[mid] for mid in self.module_ids[1:])
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
@@ -147,7 +148,7 @@ class PathModel(nn.Module):
     def set_checkpointing(self, on: bool) -> None:
         """Activation checkpointing for every block of the path (see LevelModule)."""
         for module in self.levels:
-            module.checkpointing = on
+            cast(LevelModule, module).checkpointing = on
 
     def module(self, mid: str) -> nn.Module:
         if mid == SHARED:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -145,7 +146,7 @@ def assignment_table(docs: Sequence[Document], router: RouterSpec, spec: SwarmSp
         raise ValueError(f"the router has {len(router.centroids)} centroids, the spec {spec.n_paths} paths")
     assigned = route_many([d.text for d in docs], router)
     labels = sorted({d.label for d in docs})
-    paths = []
+    paths: list[dict[str, Any]] = []
     for i in range(spec.n_paths):
         counts = {label: 0 for label in labels}
         for d, p in zip(docs, assigned, strict=True):

@@ -22,7 +22,7 @@ from pathswarm.protocol.records import (
     NodeMetrics,
     announce_ttl_s,
 )
-from pathswarm.protocol.reducers import list_digest
+from pathswarm.protocol.rounds.reducers import list_digest
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.spec_share import announce_spec_server
 

@@ -26,10 +26,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from pathswarm.node.peer.config import NodeConfig, NodeStatus
-from pathswarm.node.train.round import audit_mean
-from pathswarm.protocol.audit import FRAMES_KEPT, Alert, FrameEntry
-from pathswarm.protocol.exchange import ModuleExchange, RoundResult
 from pathswarm.protocol.netloop import NetLoop
+from pathswarm.protocol.rounds.audit import FRAMES_KEPT, Alert
+from pathswarm.protocol.rounds.exchange import ModuleExchange
+from pathswarm.protocol.rounds.messages import FrameEntry, RoundReply
+from pathswarm.protocol.rounds.rule import audit_mean
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class Auditor:
         """Reducer → audits of its rounds that found its mean right (its first NEW_REDUCER_AUDITS rounds are all
         audited). Bounded: only peers that reduced rounds for us."""
 
-    def record(self, module: str, result: RoundResult, reference: float, own: tuple[int, bytes],
+    def record(self, module: str, result: RoundReply, reference: float, own: tuple[int, bytes],
                holders: Iterable[str] = ()) -> str:
         """A round we are about to apply: remember it, and audit it when another peer reduced it: a reducer's first
         NEW_REDUCER_AUDITS rounds now, before the mean is applied, later ones at random in the background.
@@ -158,7 +159,7 @@ class Auditor:
 
     def poll(self) -> None:
         """Check the downloads that are done, and start checking the alerts that came in."""
-        self.status.distrusted = dict(self.exchange.distrusted)
+        self.status.distrusting(self.exchange.distrusted)
         while self.exchange.audits.alerts:
             self._on_alert(self.exchange.audits.alerts.popleft())
         pending = []
@@ -226,7 +227,7 @@ class Auditor:
                                    "are checked before they are applied", check.module, check.round,
                                    got.reducer[-8:], NEW_REDUCER_AUDITS)
                 return ""
-            self.status.audits += 1
+            self.status.audited()
         elif proof is None and frames is None:
             self.alerted.discard((check.module, check.round))  # could not download: another alert may try again
             return ""

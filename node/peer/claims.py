@@ -3,7 +3,7 @@
 `view_of` and `groups_of` are pure: the claims read from the DHT → a `ClaimsView` (per module: holders,
 holders that have trained a round, the round each live holder's claim says) → `Groups` (holders including
 ourselves; the candidates to reduce a module's first round, before any result has named them). Who reduces
-later rounds does not depend on the claims: protocol/reducers.py. `Claims` does the DHT side: choosing and
+later rounds does not depend on the claims: protocol/rounds/reducers.py. `Claims` does the DHT side: choosing and
 settling a path, publishing and renewing our claim, reading the others' (bounded in time).
 """
 
@@ -19,7 +19,7 @@ from pathswarm.node.peer.config import read_live
 from pathswarm.protocol.dht import publish_claim, read_claims, withdraw_claim
 from pathswarm.protocol.path_choice import choose_path
 from pathswarm.protocol.records import PathClaim
-from pathswarm.protocol.reducers import genesis_candidates
+from pathswarm.protocol.rounds.reducers import genesis_candidates
 from pathswarm.protocol.spec import SwarmSpec, format_path, parse_path
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class Groups:
     holders: dict[str, list[str]]
     """Module → its holders, ourselves included, sorted."""
     genesis: dict[str, tuple[str, ...]]
-    """Module → who may reduce its round 0, in order (protocol/reducers.py `genesis_candidates`)."""
+    """Module → who may reduce its round 0, in order (protocol/rounds/reducers.py `genesis_candidates`)."""
     live: dict[str, dict[str, int]]
     """Module → live holder → its claim's round, ourselves included."""
     reducible: dict[str, list[str]] = field(default_factory=dict)
@@ -141,6 +141,13 @@ class Claims:
             self.claim = publish_claim(self.sdht, self.spec, claim) or claim
         self.refresh(view_timeout_s)
 
+    def renew(self, path: tuple[int, ...], tokens_per_s: float, view_timeout_s: float | None = None) -> None:
+        """`publish`, for a node already training: a DHT hiccup is logged, never raised (the heartbeat retries)."""
+        try:
+            self.publish(path, tokens_per_s, view_timeout_s)
+        except Exception as e:  # a DHT hiccup must not kill training; the heartbeat retries
+            logger.warning("could not renew the claim: %s", e)
+
     def withdraw(self) -> None:
         if self.claim is not None:
             withdraw_claim(self.sdht, self.spec, self.claim)
@@ -156,6 +163,19 @@ class Claims:
                 return  # a read that began earlier (and waited on a dead peer) must not replace a fresher view
             self._view, self._view_started = view, started
             self._derive()
+
+    def refresh_for_send(self, timeout_s: float | None = None) -> bool:
+        """`refresh` before a round is sent, never raising: when the read takes over timeout_s (a lookup that met a
+        just-dead peer) the last view serves, re-derived with our round as of now. False when it did (a late read)."""
+        try:
+            self.refresh(timeout_s)
+        except TimeoutError as e:
+            logger.debug("claims: %s; the last view serves", e)
+            self.rederive()
+            return False
+        except Exception as e:  # keep the last view; the round still runs
+            logger.warning("could not read claims: %s", e)
+        return True
 
     def rederive(self) -> None:
         """Re-derive the groups from the last claims read (our own round may have changed)."""

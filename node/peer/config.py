@@ -93,6 +93,11 @@ def read_live(read: Callable[[], T], tries: int = 5) -> T:
 
 @dataclass
 class NodeStatus:
+    """The node's progress record: the status file (`--status-file`, the JSON is this record's fields), the live
+    display, the dashboard and the announcements read it. One owner: every change goes through the methods below,
+    named after what happened (tests/unit/test_status_owner.py checks that no other code assigns a field), and only
+    the training thread calls them; other threads only read."""
+
     peer_id: str = ""
     path: str = ""
     round: int = 0
@@ -145,7 +150,7 @@ class NodeStatus:
     digests: dict[str, str] = field(default_factory=dict)
     module_rounds: dict[str, int] = field(default_factory=dict)
     reducers: dict[str, list[str]] = field(default_factory=dict)
-    """module → who reduces its next round, in failover order (protocol/reducers.py)."""
+    """module → who reduces its next round, in failover order (protocol/rounds/reducers.py)."""
     loss_curve: list[float] = field(default_factory=list)
     """Mean training loss of the last inner steps of every round."""
     loss_history: list[tuple[int, float]] = field(default_factory=list)
@@ -170,9 +175,125 @@ class NodeStatus:
     """peer → why this node stopped trusting it (a misreported contribution, a mean its frames do not give)."""
     state: str = "starting"
 
+    # ---- start and stop ---------------------------------------------------------------------------------------
+    def joined_dht(self, reachable: bool | None, client: bool) -> None:
+        self.reachable, self.client = reachable, client
+
+    def started_as(self, peer_id: str) -> None:
+        self.peer_id = peer_id
+
+    def took_path(self, path: str) -> None:
+        self.path = path
+
+    def resumed_checkpoint(self, round_: int) -> None:
+        self.checkpoint_round = round_
+
+    def resumed_round(self, uncounted_tokens: int, resumed_tokens: int, inner_step: int) -> None:
+        """A round in progress that our previous run saved was taken over (node/peer/resume.py)."""
+        self.tokens_trained += uncounted_tokens  # trained before the restart, counted by no earlier run
+        self.tokens_resumed = resumed_tokens
+        self.inner_step = inner_step
+
+    def training_started(self, val_loss_before: float) -> None:
+        self.val_loss_before = val_loss_before
+        self.state = "training"
+
+    def training_stopped(self, train_wall_s: float, val_loss_after: float) -> None:
+        self.train_wall_s, self.val_loss_after = train_wall_s, val_loss_after
+        self.state = "stopped"
+
+    # ---- the training loop ------------------------------------------------------------------------------------
+    def stepped(self, inner_step: int, loss: float) -> None:
+        self.inner_step, self.loss = inner_step, loss
+
+    def chunk_trained(self, losses: list[float], tokens: int, elapsed_s: float, first_round: int) -> None:
+        """A chunk of inner steps ended (the round's outer gradient is sent next)."""
+        self.loss = sum(losses[-10:]) / max(1, len(losses[-10:]))
+        self.loss_curve.append(self.loss)
+        # numbered by rounds trained, counted from the round the node started (or resumed) at
+        self.loss_history.append((first_round + len(self.loss_curve), self.loss))
+        self.tokens_trained += tokens
+        self.tokens_per_s = tokens / max(elapsed_s, 1e-9)
+
+    def spent_on(self, kind: str, seconds: float) -> None:
+        """Round work of `kind` took `seconds` of the training loop's time (node/peer/status.py RoundWork)."""
+        self.round_work_s[kind] = round(self.round_work_s.get(kind, 0.0) + seconds, 3)
+
+    def waited(self, seconds: float) -> None:
+        self.wait_max_s = max(self.wait_max_s, round(seconds, 3))
+
+    def claims_late(self) -> None:
+        self.claims_read_late += 1
+
+    def round_complete(self, bytes_sent: int, bytes_received: int) -> None:
+        """Every module's round settled: the node's round count moves on."""
+        self.round += 1
+        self.bytes_sent, self.bytes_received = bytes_sent, bytes_received
+
+    def took_stock(self, tokens_unmerged: int | None, tokens_reduced: int | None,
+                   settings: tuple[str, int, bool] | None) -> None:
+        """The counts kept elsewhere, as of now (before the status file is written); None: not known yet.
+        settings: how the node trains (optimizer, micro-batch, checkpointing): a memory plan may have changed it."""
+        if tokens_unmerged is not None:
+            self.tokens_unmerged = tokens_unmerged
+        if tokens_reduced is not None:
+            self.tokens_reduced = tokens_reduced
+        if settings is not None:
+            self.optimizer, self.micro_batch, self.checkpointing = settings
+
+    # ---- rounds and module states (node/peer/rounds.py, state_sync.py, splits.py, audit.py) ---------------------
+    def module_published(self, mid: str, round_: int, digest: str, reducers: tuple[str, ...]) -> None:
+        """Our state of `mid` changed (a round applied, a re-sync): what we serve and announce."""
+        self.digests[mid] = digest
+        self.module_rounds[mid] = round_
+        self.reducers[mid] = list(reducers)
+
+    def round_settled(self, mid: str, merged_tokens: int, discarded_tokens: int) -> None:
+        """A round of `mid` settled, whatever its fate (then `round_applied` or `round_failed`)."""
+        self.history.setdefault(mid, {})
+        if mid == "shared":
+            self.tokens_merged += merged_tokens
+            self.tokens_discarded += discarded_tokens
+
+    def round_applied(self, mid: str, state_round: int, digest: str, contributors: list[str], late: bool,
+                      diverged: bool) -> None:
+        """A round's result was applied to `mid`, making state round `state_round` (diverged: our digest is not the
+        group's, so the re-sync replaces it and the history does not record it)."""
+        if late:
+            self.rounds_missed.setdefault(mid, [0, 0])[0] += 1
+        if diverged:
+            self.digest_mismatches += 1
+        if mid == "shared":
+            self.last_group = len(contributors)
+        if not diverged:
+            self.history[mid][str(state_round)] = digest
+            self.groups.setdefault(mid, {})[str(state_round)] = list(contributors)
+
+    def round_failed(self, mid: str) -> None:
+        self.rounds_failed += 1
+        self.rounds_missed.setdefault(mid, [0, 0])[1] += 1
+
+    def round_retried(self) -> None:
+        self.rounds_retried += 1
+
+    def split_healed(self, mid: str, lost_tokens: int, reduced_tokens: int) -> None:
+        """Our version of a split round of `mid` lost: its merged (and reduced) tokens are discarded."""
+        if mid == "shared":
+            self.tokens_merged -= lost_tokens
+            self.tokens_discarded += lost_tokens
+            self.tokens_reduced_discarded += reduced_tokens
+        self.splits_healed += 1
+
+    def audited(self) -> None:
+        self.audits += 1
+
+    def distrusting(self, peers: dict[str, str]) -> None:
+        """Whom we stopped trusting, and why (a copy of the exchange's list, newest last)."""
+        self.distrusted = dict(peers)
+
 
 ROUND1_SETTLE_S = 1.0
-"""After its first round a node pauses this long, once: see Node._round_complete."""
+"""After its first round a node reads the claims for a send no sooner than this: see Seat.trained_first_round."""
 
 CLAIMS_READ_S = 1.0
 """How long a decoupled node waits for the claims when it sends a round, before it uses the last view it read."""

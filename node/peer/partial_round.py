@@ -15,7 +15,7 @@ same anchors: after a checkpoint of a later round, it is stale and ignored. The 
 from peers afterwards the way a re-sync does, keeping this progress on top of the new anchor.
 
 One file, `PARTIAL.safetensors` in the checkpoint root, replaced atomically (write, rename), and deleted
-when its steps are sent (Node._send_round). No fsync: it guards against a killed process, whose written
+when its steps are sent (PartialRounds.on_send). No fsync: it guards against a killed process, whose written
 pages the OS still flushes; after a power loss a torn file fails its sha256 and the node starts the round
 afresh, as it would without this file.
 """
@@ -139,10 +139,8 @@ class PartialError(ValueError):
     """The saved round cannot be resumed on top of these anchors (the message says why)."""
 
 
-def load_partial(root: str | Path, spec: SwarmSpec, worker) -> Resumed:
-    """Put a saved round in progress back into `worker`, whose anchors must be the ones it was saved against.
-    Raises PartialError (and changes nothing) if there is none, or it does not fit."""
-    path = Path(root) / FILE
+def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The file's tensors and metadata (PartialError when there is none, or it is unreadable)."""
     if not path.is_file():
         raise PartialError("no round in progress was saved")
     try:
@@ -152,6 +150,30 @@ def load_partial(root: str | Path, spec: SwarmSpec, worker) -> Resumed:
             meta = json.loads(f.read(n)).get("__metadata__", {})
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise PartialError(f"unreadable ({e})") from None
+    return tensors, meta
+
+
+def _weights(tensors: dict[str, torch.Tensor], anchors: dict, worker) -> dict[str, torch.Tensor]:
+    """Module → the flat weights to resume: anchor + the steps not sent yet (PartialError when they do not fit)."""
+    weights = {}
+    for mid in worker.module_ids:
+        st = worker.outer[mid]
+        if anchors.get(mid) != [st.round, st.digest()]:
+            raise PartialError(f"made against another state of {mid} (a later round was checkpointed)")
+        local, sent = tensors.get(f"local.{mid}"), tensors.get(f"sent.{mid}")
+        n = st.anchor.numel()
+        if any(t is None or t.dtype != torch.float32 or t.numel() != n or not torch.isfinite(t).all()
+               for t in ((local,) if sent is None else (local, sent))):
+            raise PartialError(f"no usable progress for {mid}")
+        local = local.reshape(-1)
+        weights[mid] = local if sent is None else st.anchor + (local - sent.reshape(-1))
+    return weights
+
+
+def load_partial(root: str | Path, spec: SwarmSpec, worker) -> Resumed:
+    """Put a saved round in progress back into `worker`, whose anchors must be the ones it was saved against.
+    Raises PartialError (and changes nothing) if there is none, or it does not fit."""
+    tensors, meta = _read(Path(root) / FILE)
     try:
         if meta.get("sha256") != _digest(tensors):
             raise PartialError("its tensors fail their sha256 (a torn write)")
@@ -159,19 +181,7 @@ def load_partial(root: str | Path, spec: SwarmSpec, worker) -> Resumed:
             raise PartialError("saved by another swarm or format")
         if meta.get("path") != format_path(worker.path):
             raise PartialError(f"saved on path {meta.get('path')}, this node trains {format_path(worker.path)}")
-        anchors = json.loads(meta["anchors"])
-        weights = {}
-        for mid in worker.module_ids:
-            st = worker.outer[mid]
-            if anchors.get(mid) != [st.round, st.digest()]:
-                raise PartialError(f"made against another state of {mid} (a later round was checkpointed)")
-            local, sent = tensors.get(f"local.{mid}"), tensors.get(f"sent.{mid}")
-            n = st.anchor.numel()
-            if any(t is None or t.dtype != torch.float32 or t.numel() != n or not torch.isfinite(t).all()
-                   for t in ((local,) if sent is None else (local, sent))):
-                raise PartialError(f"no usable progress for {mid}")
-            local = local.reshape(-1)
-            weights[mid] = local if sent is None else st.anchor + (local - sent.reshape(-1))
+        weights = _weights(tensors, json.loads(meta["anchors"]), worker)
         steps = {int(i): int(s) for i, s in json.loads(meta["opt_steps"]).items()}
         moments: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
         params = _params(worker)

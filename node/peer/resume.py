@@ -39,9 +39,7 @@ class PartialRounds:
         except PartialError as e:
             logger.info("no round in progress to resume (%s)", e)
             return None
-        self.status.tokens_trained += got.uncounted_tokens  # trained before the restart, counted by no earlier run
-        self.status.tokens_resumed = got.round_tokens + got.carry.get("shared", 0)
-        self.status.inner_step = got.inner_step
+        self.status.resumed_round(got.uncounted_tokens, got.round_tokens + got.carry.get("shared", 0), got.inner_step)
         self.resumed_steps = got.round_steps
         logger.info("resumed the round in progress: %d tokens of inner steps, inner step %d",
                     self.status.tokens_resumed, got.inner_step)

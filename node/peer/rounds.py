@@ -1,7 +1,7 @@
 """The node's outer rounds with its peers: send each module's contribution to its reducer, settle what comes back.
 
 The rule itself (contribution, settle) is node/train/round.py's, the very functions the simulator runs; this
-file adds what only a live node has: the exchange in the background (protocol/exchange.py), rounds still in
+file adds what only a live node has: the exchange in the background (protocol/rounds/), rounds still in
 flight while the next inner steps train, tokens carried across rounds that did not merge, reducers that failed
 us, and re-syncs when our replica is not the group's.
 """
@@ -16,17 +16,20 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+import torch
+
 from pathswarm.node.peer.audit import Auditor
 from pathswarm.node.peer.claims import Groups
 from pathswarm.node.peer.config import NodeConfig, NodeStatus
-from pathswarm.node.peer.vouch import Vouched
-from pathswarm.node.train.outer import OuterState
-from pathswarm.node.train.round import Contribution, close_round, make_contribution, reference_norm, settle
+from pathswarm.node.peer.resyncs import Resyncs
+from pathswarm.node.train.round import Contribution, make_contribution, settle
 from pathswarm.node.train.worker import PathWorker
-from pathswarm.protocol.exchange import RANK_LOST, Closed, Closer, LocalState, ModuleExchange, RoundResult
 from pathswarm.protocol.netloop import NetLoop
-from pathswarm.protocol.reducers import candidates
-from pathswarm.protocol.spec import SwarmSpec
+from pathswarm.protocol.rounds.exchange import ModuleExchange
+from pathswarm.protocol.rounds.messages import RoundReply, RoundStatus
+from pathswarm.protocol.rounds.reducer import RANK_LOST
+from pathswarm.protocol.rounds.reducers import candidates
+from pathswarm.protocol.rounds.rule import reference_norm
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +65,8 @@ class Rounds:
         # module → tokens whose steps stayed in our local weights without being merged (a late, failed or
         # skipped round): the next outer gradient of that module carries those steps, so it counts them too.
         self.carry: dict[str, int] = {}
-        self.resync_from: dict[str, str] = {}
-        self.resync_expect: dict[str, Vouched] = {}
-        """Module → the state a re-sync must yield, when a majority vouched for it (node/peer/vouch.py)."""
-        self.resync_check: dict[str, str] = {}
-        """Module → the peer (a reducer) that says our state is not the group's: a hint, never a source. The node
-        re-syncs only to a state a majority of the module's holders announce (StateSync.resync)."""
+        self.resyncs = Resyncs()
+        """Re-syncs asked for (here, by StateSync and by the split watch), done by StateSync.resync."""
         self.catch_up = False  # our last round came late: make the next chunk shorter
         self.settled_any = False  # a round settled since the last completed one
         self.abandoned = False  # a round's fate is unknown: its steps may or may not be in the swarm's anchor
@@ -83,7 +82,7 @@ class Rounds:
         timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
         audits_by = time.monotonic() + self.spec.averaging.grace_s  # our pending audits hold the send this long
         for mid in self.worker.module_ids:
-            if mid in self.resync_from or mid in self.resync_check:
+            if self.resyncs.pending(mid):
                 self.carry[mid] = self.carry.get(mid, 0) + tokens  # re-synced keeping our progress
                 continue
             self.auditor.before_send(mid, audits_by)
@@ -135,12 +134,11 @@ class Rounds:
             self._settle(mid, item)
 
     def _settle(self, mid: str, item: InFlight) -> None:
-        result: RoundResult = item.future.result()
+        result: RoundReply = item.future.result()
         self.settled_any = True
         st = self.worker.outer[mid]
         logger.debug("module %s round %d: %s with %d contributors (%s)", mid, result.round, result.status,
                      len(result.contributors), result.reason)
-        self.status.history.setdefault(mid, {})
         discard = self.cfg.sync_rounds and result.reason.startswith(RANK_LOST)
         if result.applicable and result.reducer and result.reducer != self.status.peer_id:
             # before settle: the round rule's history norm is the momentum's before this round's mean moves it
@@ -149,19 +147,19 @@ class Rounds:
             if refused and self._retry_after_lie(mid, item, result):
                 return
             if refused:  # checked before applying, and not to be applied: the round failed for us, our steps carry
-                result = dataclasses.replace(result, status="failed", reason=f"not applied: {refused}"[:300])
+                result = dataclasses.replace(result, status=RoundStatus.FAILED, reason=f"not applied: {refused}"[:300])
         done = settle(st, item.sent, self.worker.flat(mid), result.status, result.round,
                       result.mean_frame if result.applicable else b"", result.digest_after, self.spec.outer,
                       codec=self.spec.codec, discard=discard, next_reducers=result.reducers)
+        if done.state is not None:
+            self.worker.outer[mid] = st = done.state
         if done.local is not None:
             self.worker.set_flat(mid, done.local)
         if done.restore_feedback:
             self.worker.feedback[mid].load_state_dict(item.sent.feedback_before)
         if done.carried_tokens:
             self.carry[mid] = self.carry.get(mid, 0) + done.carried_tokens  # our steps are still in the local weights
-        if mid == "shared":
-            self.status.tokens_merged += done.merged_tokens
-            self.status.tokens_discarded += done.discarded_tokens
+        self.status.round_settled(mid, done.merged_tokens, done.discarded_tokens)
         if done.merged_tokens:
             log = self.merged_log.setdefault(mid, {})
             log[st.round] = done.merged_tokens
@@ -170,29 +168,23 @@ class Rounds:
         if done.applied:
             if result.status == "late":
                 self.catch_up = True
-                self.status.rounds_missed.setdefault(mid, [0, 0])[0] += 1
             if done.diverged:
                 # Our replica is not the group's: the re-sync replaces it, and the history does not record it.
                 logger.error("module %s round %d: digest %s != group's %s; re-syncing", mid, result.round,
                              done.digest_after, result.digest_after)
-                self.status.digest_mismatches += 1
                 self._resync_later(mid, result.reducer or item.reducer)
-            if mid == "shared":
-                self.status.last_group = len(result.contributors)
+            self.status.round_applied(mid, st.round, done.digest_after, result.contributors,
+                                      late=result.status == "late", diverged=done.diverged)
             self.publish_local(mid)
-            if not done.diverged:
-                self.status.history[mid][str(st.round)] = done.digest_after
-                self.status.groups.setdefault(mid, {})[str(st.round)] = list(result.contributors)
             return
-        self.status.rounds_failed += 1
-        self.status.rounds_missed.setdefault(mid, [0, 0])[1] += 1
+        self.status.round_failed(mid)
         reason = result.reason if not result.applicable else done.reason
         logger.warning("module %s round %d: %s (%s)", mid, st.round, result.status, reason)
         if result.status == "out_of_sync":
             self._resync_later(mid, result.reducer or item.reducer)
         # "behind": the reducer re-syncs itself; our outer gradient waits for the next round
 
-    def _retry_after_lie(self, mid: str, item: InFlight, result: RoundResult) -> bool:
+    def _retry_after_lie(self, mid: str, item: InFlight, result: RoundReply) -> bool:
         """A round whose reducer our check before applying proved a liar (its first rounds, or one on probation):
         send the same contribution again, for the same round, to the next candidates of the agreed list (the
         exchange skips proven liars). The honest members for whom the liar is new all check its round before
@@ -212,7 +204,7 @@ class Rounds:
                                                        item.sent.digest_before, item.sent.frame, timeout,
                                                        after_lie=True))
         self.in_flight[mid] = dataclasses.replace(item, future=fut, reducer=order[0], order=tuple(order), retried=True)
-        self.status.rounds_retried += 1
+        self.status.round_retried()
         logger.warning("module %s round %d: not applied (%s's mean is a lie); sent again to the next candidate",
                        mid, result.round, result.reducer[-8:])
         return True
@@ -222,26 +214,20 @@ class Rounds:
         (the reducer that said the group is elsewhere) is where to download it first. Not the reducer of the next
         round: views of who reduces may differ for a moment, and it may be ourselves."""
         if peer != self.status.peer_id:
-            self.resync_check[mid] = peer
+            self.resyncs.request_check(mid, peer)
         else:
             logger.warning("module %s: our own reducer disagrees with our state; waiting for the next round", mid)
+
+    def unsent_bases(self) -> dict[str, torch.Tensor]:
+        """Per module, what our steps not sent yet count from: the weights of the outer gradient in flight, else the
+        anchor (the round in progress is saved as the steps since: node/peer/resume.py)."""
+        inf = self.in_flight
+        return {mid: inf[mid].sent.merged_base if mid in inf else self.worker.outer[mid].anchor
+                for mid in self.worker.module_ids}
 
     def unmerged_tokens(self) -> int:
         flight = self.in_flight.get("shared")
         return self.carry.get("shared", 0) + self.worker.round_tokens + (flight.sent.tokens if flight else 0)
-
-
-def exchange_closer(spec: SwarmSpec) -> Closer:
-    """The round rule's `close_round` in the exchange's terms: what a reducer runs when a round closes."""
-
-    def close(contributions: list[tuple[str, int, bytes]], numel: int, before: LocalState | None) -> Closed:
-        state = None if before is None else OuterState(before.anchor, before.momentum, before.round)
-        c = close_round(contributions, numel, spec, state)
-        after = None if c.after is None else LocalState(c.after.round, c.after.digest(), c.after.anchor,
-                                                        c.after.momentum)
-        return Closed(c.mean_frame, c.used, c.tokens, c.rejected, after)
-
-    return close
 
 
 def faults_from_env() -> set[tuple[str, int]]:

@@ -10,15 +10,17 @@ from collections.abc import Callable
 
 from pathswarm.node.model.model import unflatten_like
 from pathswarm.node.peer.config import NodeStatus
-from pathswarm.node.peer.vouch import Vouched, counted_peers, majority_state, voted_out, vouched_state
+from pathswarm.node.peer.resyncs import Resyncs
+from pathswarm.node.peer.vouch import Announced, Vouched, counted_peers, majority_state, voted_out, vouched_state
 from pathswarm.node.train.checkpoint import Checkpoint, CheckpointError, ModuleState, load_checkpoint
-from pathswarm.node.train.outer import state_digest
 from pathswarm.node.train.warm_start import InitMismatchError, check_init
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import read_module_holders
-from pathswarm.protocol.exchange import MAX_CLIENTS, LocalState, ModuleExchange
 from pathswarm.protocol.netloop import NetLoop
-from pathswarm.protocol.reducers import list_digest
+from pathswarm.protocol.rounds.context import MAX_CLIENTS
+from pathswarm.protocol.rounds.exchange import ModuleExchange
+from pathswarm.protocol.rounds.outer import OuterState
+from pathswarm.protocol.rounds.reducers import list_digest
 from pathswarm.protocol.spec import SwarmSpec
 
 logger = logging.getLogger(__name__)
@@ -29,9 +31,9 @@ class StateSync:
                  net: NetLoop, sdht=None):
         self.spec, self.worker, self.status = spec, worker, status
         self.exchange, self.net, self.sdht = exchange, net, sdht
-        self.local_states: dict[str, LocalState] = {}
+        self.local_states: dict[str, OuterState] = {}
         """Module → its state as of our last applied round: what the exchange serves and checks digests against."""
-        self._checks: dict[str, tuple[float, float]] = {}  # module → (first check, next check) of a resync_check
+        self._checks: dict[str, tuple[float, float]] = {}  # module → (first check, next check) of a re-sync check
         self.clients: set[str] = set()
         """Announcers that cannot be dialed (their announcements say so): never asked for state."""
         self.votes: dict[str, tuple[str, ...]] = {}
@@ -40,12 +42,10 @@ class StateSync:
         """The claims' holders of all our modules at start: whose votes count while we have no history."""
 
     def publish_local(self, mid: str) -> None:
-        st = self.worker.outer[mid]
+        st = self.worker.outer[mid]  # immutable: the exchange serves this very object (no copy)
         digest = st.digest()
-        self.local_states[mid] = LocalState(st.round, digest, st.anchor.clone(), st.momentum.clone(), st.reducers)
-        self.status.digests[mid] = digest
-        self.status.module_rounds[mid] = st.round
-        self.status.reducers[mid] = list(st.reducers)
+        self.local_states[mid] = st
+        self.status.module_published(mid, st.round, digest, st.reducers)
 
     def initial(self, ckpt: Checkpoint | None, resumed: bool, need_init: bool = False,
                 source: str = "seed", holders: Callable[[str], dict[str, int]] = lambda mid: {}) -> None:
@@ -99,8 +99,8 @@ class StateSync:
         self.note_announcements(anns)
         seasoned = {p for p, r in claimed.items() if r > 0}
         caught = set(self.status.distrusted) | self.exchange.voted_out
-        got = vouched_state([(a.peer_id, a.round, a.digest, a.reducers_digest) for a in anns], me, mine.round,
-                            counted_peers(seasoned, claimed, me, caught))
+        counted = counted_peers(seasoned, claimed, me, caught)
+        got = vouched_state([Announced.of(a) for a in anns], me, mine.round, counted)
         if got is None:
             return ""
         for peer in got.peers:
@@ -131,12 +131,12 @@ class StateSync:
         announced, me, counted = self.announced(mid, claim_holders)
         return vouched_state(announced, me, self.worker.outer[mid].round, counted)
 
-    def announced(self, mid: str, claim_holders: list[str]) -> tuple[list[tuple[str, int, str]], str, set[str]]:
+    def announced(self, mid: str, claim_holders: list[str]) -> tuple[list[Announced], str, set[str]]:
         """(announcements of `mid`, us, the peers whose announcements count)."""
         me = self.status.peer_id
         anns = read_module_holders(self.sdht, self.spec, mid)
         self.note_announcements(anns)
-        announced = [(a.peer_id, a.round, a.digest, a.reducers_digest) for a in anns]
+        announced = [Announced.of(a) for a in anns]
         # list(): one step under the GIL, so the chores thread (split watch) reads it while the training thread adds
         merged = {p for members in list(self.status.groups.get(mid, {}).values()) for p in members}
         caught = set(self.status.distrusted)
@@ -144,22 +144,21 @@ class StateSync:
             caught |= voted_out(self.votes, self.voters | set(claim_holders), me)
         return announced, me, counted_peers(merged, claim_holders, me, caught)
 
-    def behind(self, mid: str, claim_holders: list[str], rounds) -> None:
+    def behind(self, mid: str, claim_holders: list[str], resyncs: Resyncs) -> None:
         """A contribution claimed a later round of `mid` than ours: re-sync only to a state a majority vouches for."""
         got = self.vouched(mid, claim_holders)
         if got is None:
             logger.warning("module %s: a peer says our round %d is behind, but no majority of the module's holders "
                            "announces a later state; not re-syncing", mid, self.worker.outer[mid].round)
             return
-        rounds.resync_from[mid] = got.peers[0]
-        rounds.resync_expect[mid] = got
+        resyncs.request_from(mid, got.peers[0], got)
 
-    def resync(self, rounds, holders: Callable[[str], list[str]]) -> None:
-        """The re-syncs the rounds asked for. A reducer's word that we are out of sync (`rounds.resync_check`) is
+    def resync(self, resyncs: Resyncs, holders: Callable[[str], list[str]]) -> None:
+        """The re-syncs asked for (node/peer/resyncs.py). A reducer's word that we are out of sync (a check) is
         checked against the module's announcements once a second (they land as the group's members finish the
         round) until a majority vouches for another state, or for one averaging timeout: then we keep ours."""
         now = time.monotonic()
-        for mid, hint in list(rounds.resync_check.items()):
+        for mid, hint in resyncs.checks():
             since, next_try = self._checks.setdefault(mid, (now, now))
             if now < next_try:
                 continue
@@ -167,36 +166,35 @@ class StateSync:
             if mine is None:
                 continue
             got = majority_state(*self.announced(mid, holders(mid)))
-            ours = got is not None and (got.round, got.digest) == (mine.round, mine.digest)
+            ours = got is not None and (got.round, got.digest) == (mine.round, mine.digest())
             # No majority yet, or announcements a round behind ours: look again. A majority that announces our own
             # state may still be finishing the round we missed: one grace window, then we believe it.
             patience = self.spec.averaging.grace_s if ours else self.spec.averaging.timeout_s
             if (ours or got is None or got.round < mine.round) and now - since < patience:
                 self._checks[mid] = (since, now + 1.0)
                 continue
-            del rounds.resync_check[mid], self._checks[mid]
+            resyncs.close_check(mid)
+            del self._checks[mid]
             if ours or got is None or got.round < mine.round:
                 logger.warning("module %s: our reducer says our state is not the group's, but %s; keeping ours", mid,
                                "a majority of the module's holders announces ours" if ours else "no majority "
                                "of the module's holders announces another")
                 continue
             servers = [p for p in got.peers if p not in self.clients] or list(got.peers)
-            rounds.resync_from[mid] = hint if hint in servers else servers[0]
-            rounds.resync_expect[mid] = got
-        for mid, peer in list(rounds.resync_from.items()):
-            expect = rounds.resync_expect.pop(mid, None)
+            resyncs.request_from(mid, hint if hint in servers else servers[0], got)
+        for r in resyncs.take():
+            mid, peer, expect = r.module, r.peer, r.expect
             # The first choice, then the state's other announcers (one may serve a list the others do not hold).
             for server in [peer] + [p for p in (expect.peers if expect else ()) if p != peer and p not in self.clients]:
                 if self.download(mid, server, keep_progress=True, expect=expect):
                     logger.info("re-synced %s from %s at round %d", mid, server[-8:], self.worker.outer[mid].round)
                     self.publish_local(mid)
                     break
-            rounds.resync_from.pop(mid)
 
     def note_announcements(self, anns) -> None:
         """Remember what announcements say beside the state: announcers that cannot be dialed
         (protocol/reachability.py; never asked for state), and whom each says it caught lying: the peers most of
-        `self.voters` name become reducer candidates to skip (`ModuleExchange.voted_out`, node/peer/vouch.py)."""
+        `self.voters` name become reducer candidates to skip (`ModuleExchange.set_voted_out`, node/peer/vouch.py)."""
         for a in anns:
             if not a.client:
                 self.clients.discard(a.peer_id)  # its latest announcement: it may have become reachable
@@ -205,7 +203,7 @@ class StateSync:
             if a.peer_id in self.votes or (a.distrusts and len(self.votes) < MAX_CLIENTS):
                 self.votes[a.peer_id] = a.distrusts  # its latest word (bounded: one entry per announcer)
         if self.voters:
-            self.exchange.voted_out = frozenset(voted_out(self.votes, self.voters, self.status.peer_id))
+            self.exchange.set_voted_out(frozenset(voted_out(self.votes, self.voters, self.status.peer_id)))
 
     def download(self, mid: str, peer: str, keep_progress: bool = False, expect: Vouched | None = None) -> bool:
         """Adopt `peer`'s state of `mid` if it matches its own digest (and is `expect`'s round, digest and, when a
@@ -218,12 +216,10 @@ class StateSync:
         got = self.net.run(self.exchange.fetch_state(peer, mid, timeout_s), timeout_s + 5)
         if got is None:
             return False
-        if state_digest(got.anchor, got.momentum, got.round) != got.digest:
-            logger.warning("state of %s from %s fails its digest; ignored", mid, peer[-8:])
-            return False
-        if expect is not None and (got.round, got.digest) != (expect.round, expect.digest):
+        # fetch_state checked that the state hashes to the digest its server sent with it
+        if expect is not None and (got.round, got.digest()) != (expect.round, expect.digest):
             logger.warning("state of %s from %s is round %d %s, not the vouched round %d %s; ignored", mid,
-                           peer[-8:], got.round, got.digest, expect.round, expect.digest)
+                           peer[-8:], got.round, got.digest(), expect.round, expect.digest)
             return False
         if expect is not None and expect.reducers and list_digest(got.reducers) != expect.reducers:
             logger.warning("state of %s from %s comes with a reducer list its other announcers do not hold; ignored",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from dataclasses import replace
 
 from pathswarm.jsonfile import write_json_atomic
 from pathswarm.node.peer.config import NodeStatus
@@ -30,8 +31,7 @@ class RoundWork:
             yield
         finally:
             spent = time.perf_counter() - t0
-            work = self.status.round_work_s
-            work[kind] = round(work.get(kind, 0.0) + spent - self._nested_s, 3)
+            self.status.spent_on(kind, spent - self._nested_s)
             self._nested_s = nested_before + spent
 
 
@@ -59,6 +59,15 @@ def write_ready(path: str, peer_id: str, maddrs: list[str], node_path: str) -> N
                           default=str)
 
 
-def write_status(path: str, status: NodeStatus) -> None:
-    if path:
-        write_json_atomic(path, status.__dict__, default=str)
+def write_status(path: str, status: NodeStatus, durable: dict[str, int] | None = None) -> None:
+    """The status file: the record's fields as JSON. `durable` (module → round of it in our last checkpoint; None:
+    no checkpoints): a round is on record once our checkpoint holds it: a kill between a settle and the checkpoint
+    would leave on record a round the restarted node trains again (benchmarks/restarts.py saw one such split)."""
+    if not path:
+        return
+    if durable is not None:
+        status = replace(status, history={m: {r: d for r, d in h.items() if int(r) <= durable.get(m, 0)}
+                                          for m, h in status.history.items()},
+                         groups={m: {r: g for r, g in h.items() if int(r) <= durable.get(m, 0)}
+                                 for m, h in status.groups.items()})
+    write_json_atomic(path, status.__dict__, default=str)

@@ -1,7 +1,7 @@
 """No state on one peer's word (docs/SECURITY.md): which announced module state a node may adopt when it is behind.
 
 A contribution that claims a later round than ours is only a hint that we may be behind; its sender could be
-anyone. Before re-syncing, the node reads the module's announcements (peer, round, digest) from the DHT and adopts
+anyone. Before re-syncing, the node reads the module's announcements (`Announced`) from the DHT and adopts
 a state only if a strict majority of the peers it counts announce that same (round, digest), newer than ours; the
 download must then hash to that digest. Counted: the module's seasoned holders as this node knows them, i.e. the
 peers whose outer gradients were merged in rounds of the module we applied; a node with no such history (just
@@ -12,6 +12,23 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class Announced(NamedTuple):
+    """One holder's announcement of a module's state, as vouching and the split watch (node/peer/splits.py) read it:
+    fields by name, so a field added later breaks no reader."""
+
+    peer: str
+    round: int
+    digest: str
+    reducers: str = ""
+    """The digest of the reducer list announced with the state ("" : none, an announcement from before the field)."""
+
+    @classmethod
+    def of(cls, record) -> Announced:
+        """From a `ModuleAnnouncement` DHT record (protocol/records.py)."""
+        return cls(record.peer_id, record.round, record.digest, record.reducers_digest)
 
 
 @dataclass(frozen=True)
@@ -27,16 +44,16 @@ class Vouched:
     a download brings must have it (the state digest does not cover the list)."""
 
 
-def majority_state(announced: Iterable[tuple], me: str, counted: Collection[str]) -> Vouched | None:
-    """(peer, round, digest[, list digest]) announcements of one module → the (round, digest) that more than half of
-    the announcers in `counted` (never ourselves) hold, each at its latest announcement; None if none has a strict
-    majority. Its `reducers`: the list digest a strict majority of those holders announce."""
+def majority_state(announced: Iterable[Announced], me: str, counted: Collection[str]) -> Vouched | None:
+    """Announcements of one module → the (round, digest) that more than half of the announcers in `counted` (never
+    ourselves) hold, each at its latest announcement; None if none has a strict majority. Its `reducers`: the list
+    digest a strict majority of those holders announce."""
     latest: dict[str, tuple[int, str]] = {}
     lists: dict[str, str] = {}
-    for peer, round_, digest, *rest in announced:
-        if peer != me and peer in counted and round_ >= latest.get(peer, (-1, ""))[0]:
-            latest[peer] = (round_, digest)
-            lists[peer] = rest[0] if rest else ""
+    for a in announced:
+        if a.peer != me and a.peer in counted and a.round >= latest.get(a.peer, (-1, ""))[0]:
+            latest[a.peer] = (a.round, a.digest)
+            lists[a.peer] = a.reducers
     if not latest:
         return None
     tally: dict[tuple[int, str], list[str]] = {}
@@ -52,7 +69,7 @@ def majority_state(announced: Iterable[tuple], me: str, counted: Collection[str]
     return Vouched(round_, digest, tuple(sorted(peers)), top if 2 * by_list[top] > len(peers) else "")
 
 
-def vouched_state(announced: Iterable[tuple], me: str, my_round: int,
+def vouched_state(announced: Iterable[Announced], me: str, my_round: int,
                   counted: Collection[str]) -> Vouched | None:
     """The state to re-sync to, or None: the majority's (`majority_state`) if it is newer than `my_round`. (A group
     that says our replica differs at our own round is checked against `majority_state` directly: StateSync.resync.)"""

@@ -21,13 +21,14 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from pathswarm.jsonfile import fsync_dir, write_json_atomic, write_text_atomic
 from pathswarm.node.model.model import new_module
-from pathswarm.node.train.outer import state_digest
+from pathswarm.protocol.rounds.outer import state_digest
 from pathswarm.protocol.spec import SwarmSpec
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ def save_checkpoint(root: str | Path, spec: SwarmSpec, round_: int, modules: dic
 def _write_round(root: Path, spec: SwarmSpec, round_: int, modules: dict[str, ModuleState], name: str, final: Path,
                  tmp: Path) -> Path:
     tmp.mkdir()
-    manifest = {"format": FORMAT_VERSION, "swarm_id": spec.swarm_id, "round": round_, "modules": {}}
+    manifest: dict[str, Any] = {"format": FORMAT_VERSION, "swarm_id": spec.swarm_id, "round": round_, "modules": {}}
     for mid, st in sorted(modules.items()):
         tensors = {k: v.detach().contiguous().clone() for k, v in st.weights.items()}
         tensors[MOMENTUM_KEY] = st.momentum.detach().contiguous().float().clone()

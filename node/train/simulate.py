@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import torch
 
@@ -27,11 +28,12 @@ from pathswarm.node.model.model import PathModel, build_path
 from pathswarm.node.model.router import documents_by_path
 from pathswarm.node.train.checkpoint import ModuleState, save_checkpoint
 from pathswarm.node.train.inner import evaluate_loss, make_inner_optimizer, set_warmup_lr
-from pathswarm.node.train.outer import OuterState
-from pathswarm.node.train.round import close_round, make_contribution, settle
+from pathswarm.node.train.round import make_contribution, settle
 from pathswarm.node.train.warm_start import check_init
 from pathswarm.node.train.worker import PathWorker
-from pathswarm.protocol.reducers import successors
+from pathswarm.protocol.rounds.outer import OuterState
+from pathswarm.protocol.rounds.reducers import successors
+from pathswarm.protocol.rounds.rule import close_round
 from pathswarm.protocol.spec import SwarmSpec, format_path
 
 MODES = ("diloco", "dipaco", "sync")
@@ -196,17 +198,22 @@ def run_simulation(spec: SwarmSpec, cfg: SimConfig, docs: list[Document] | None 
     return result
 
 
+def _emit_inner_step(emit: Event, worker: int, step: int, loss: float) -> None:
+    emit("inner_step", {"worker": worker, "loss": loss})
+
+
 def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, worker_paths: list[tuple[int, ...]],
                    samplers: list[TokenSampler], evaluator: RoutedEval, result: SimResult, emit: Event,
                    tamper: Tamper | None = None, init_weights: dict[str, torch.Tensor] | None = None) -> None:
     bs = spec.inner.batch_size
-    workers = [PathWorker(spec, p, (lambda s=s: s.sample(bs)), name=f"w{i}", lr=lr)
+    workers = [PathWorker(spec, p, partial(s.sample, bs), name=f"w{i}", lr=lr)
                for i, (p, s) in enumerate(zip(worker_paths, samplers, strict=True))]
-    for w in workers if init_weights is not None else []:
-        for mid in w.module_ids:
-            w.set_flat(mid, init_weights[mid])
-            w.outer[mid] = OuterState.fresh(init_weights[mid])
-    models = {}
+    if init_weights is not None:
+        for w in workers:
+            for mid in w.module_ids:
+                w.set_flat(mid, init_weights[mid])
+                w.outer[mid] = OuterState.fresh(init_weights[mid])
+    models: dict[tuple[int, ...], PathModel] = {}
     for w in workers:
         models.setdefault(w.path, w.model)
     result.val_loss_before = evaluator.losses(models)
@@ -217,7 +224,7 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
         train_loss: dict[str, list[float]] = {}
         t_inner = time.perf_counter()
         for i, w in enumerate(workers):
-            stats = w.train_inner(H, on_step=lambda step, loss, i=i: emit("inner_step", {"worker": i, "loss": loss}))
+            stats = w.train_inner(H, on_step=partial(_emit_inner_step, emit, i))
             train_loss.setdefault(format_path(w.path), []).append(sum(stats.losses[-10:]) / len(stats.losses[-10:]))
         result.inner_s += time.perf_counter() - t_inner
         round_bytes = 0
@@ -251,9 +258,9 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
 
 def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], carry: dict[tuple[str, str], int],
                result: SimResult, tamper: Tamper | None, workers: list[PathWorker]) -> int:
-    """One module's outer round among its holders, by the node's own rule (node/train/round.py): every holder
-    makes a contribution, the round closes over all of them (the reducer's merge and one encoded mean), and
-    every holder settles the result. Returns the bytes that would cross the wire."""
+    """One module's outer round among its holders, by the node's own rule (protocol/rounds/rule.py and
+    node/train/round.py): every holder makes a contribution, the round closes over all of them (the reducer's merge
+    and one encoded mean), and every holder settles the result. Returns the bytes that would cross the wire."""
     t_round = time.perf_counter()
     numel = holders[0].outer[mid].anchor.numel()
     sent = {}
@@ -274,6 +281,8 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
         done = settle(w.outer[mid], sent[w.name], w.flat(mid), status, w.outer[mid].round, closed.mean_frame,
                       closed.digest_after, spec.outer, codec=spec.codec,
                       next_reducers=successors(min(frames), closed.used))
+        if done.state is not None:
+            w.outer[mid] = done.state
         if done.local is not None:
             w.set_flat(mid, done.local)
         if done.restore_feedback:
@@ -308,8 +317,9 @@ def _run_sync(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, sampler
               init_weights: dict[str, torch.Tensor] | None = None) -> None:
     path = spec.path_of_index(0)
     model = build_path(spec, path)
-    for mid, module in model.named_modules_of_path().items() if init_weights is not None else []:
-        torch.nn.utils.vector_to_parameters(init_weights[mid].clone(), module.parameters())  # a private copy
+    if init_weights is not None:
+        for mid, module in model.named_modules_of_path().items():
+            torch.nn.utils.vector_to_parameters(init_weights[mid].clone(), module.parameters())  # a private copy
     opt = make_inner_optimizer(model, spec.inner, lr)
     bs, n = spec.inner.batch_size, len(samplers)
     result.val_loss_before = evaluator.losses({path: model})

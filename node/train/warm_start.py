@@ -31,7 +31,8 @@ class InitMismatchError(ValueError):
 
 def weights_digest(flat: torch.Tensor) -> str:
     """sha256 of a module's flat fp32 weights (full length: the spec relies on it)."""
-    return hashlib.sha256(flat.detach().to("cpu", torch.float32).contiguous().numpy()).hexdigest()
+    data = flat.detach().to("cpu", torch.float32).contiguous().numpy()
+    return hashlib.sha256(data).hexdigest()  # type: ignore[arg-type]  # numpy declares __buffer__ only for 3.12+
 
 
 def warm_start(spec: SwarmSpec, docs: Sequence[Document], steps: int, batch_size: int = 0, seed: int = 0,

@@ -16,7 +16,7 @@ from pathswarm.compression import ErrorFeedback
 from pathswarm.node.model.model import PathModel, build_path, unflatten_like
 from pathswarm.node.train.checkpoint import ModuleState
 from pathswarm.node.train.inner import InnerStats, MicroBatching, make_inner_optimizer, optimizer_kind, train_steps
-from pathswarm.node.train.outer import OuterState, pseudo_gradient
+from pathswarm.protocol.rounds.outer import OuterState, pseudo_gradient
 from pathswarm.protocol.spec import SwarmSpec
 
 

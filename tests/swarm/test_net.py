@@ -1,4 +1,4 @@
-"""protocol/net.py's start chain: each way a peer fails to start is its own typed error, with a message
+"""protocol/net/start.py's start chain: each way a peer fails to start is its own typed error, with a message
 that says what to check; a peer of another swarm is refused. Real p2pd daemons on 127.0.0.1 only."""
 
 import asyncio

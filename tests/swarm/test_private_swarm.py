@@ -22,13 +22,13 @@ from pathswarm.node.app.local_swarm import LocalSwarm, replicas_identical
 from pathswarm.node.app.replicas import check_replicas
 from pathswarm.node.model.model import count_module_params
 from pathswarm.protocol.dht import peer_id_of_owner
-from pathswarm.protocol.exchange import ModuleExchange
 from pathswarm.protocol.identity import default_owner_key
 from pathswarm.protocol.membership import Ed25519PrivateKey, issue, public_key_text, save_owner_key
 from pathswarm.protocol.net import PeerStreams
 from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.ratelimit import RateLimiter
 from pathswarm.protocol.records import PathClaim, claims_key, record_to_wire
+from pathswarm.protocol.rounds.exchange import ModuleExchange
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, MembershipSpec
 
 from ..conftest import cli, error_line, tiny_spec, wait_until

@@ -147,7 +147,7 @@ def test_late_join_sigkill_and_sigterm(spec_path, tmp_path):
         assert round_time < 20 + GRACE_S, round_time
         check = check_replicas([swarm.status(n) for n in ("a", "b", "c")])
         # A reducer killed just after closing a round with some members leaves the others to close it again without
-        # it (protocol/reducers.py, "what remains possible"; seen once here: b merged L1M0's round with c, a's
+        # it (protocol/rounds/reducers.py, "what remains possible"; seen once here: b merged L1M0's round with c, a's
         # contribution came after, a found b dead and merged it alone, and a and c then each held another state).
         # So: no split before b's last round, and the survivors come back to one version (the split watch heals it).
         b_status = swarm.status("b")

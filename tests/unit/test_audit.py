@@ -1,4 +1,4 @@
-"""Auditing a reducer (protocol/audit.py, node/train/round.py `audit_mean`): the list a result carries, the
+"""Auditing a reducer (protocol/rounds/audit.py, node/train/round.py `audit_mean`): the list a result carries, the
 recomputation that proves a lie, and the parser of lists received from strangers."""
 
 import asyncio
@@ -8,11 +8,14 @@ import pytest
 import torch
 
 from pathswarm.compression import decode, encode
-from pathswarm.node.peer.rounds import exchange_closer
-from pathswarm.node.train.round import AUDIT_TOLERANCE, audit_mean
-from pathswarm.protocol.audit import MAX_LISTED, frame_hash, parse_frame_list
-from pathswarm.protocol.exchange import LocalState, ModuleExchange, RoundResult
+from pathswarm.protocol.rounds.exchange import ModuleExchange
+from pathswarm.protocol.rounds.messages import MAX_LISTED, frame_hash, parse_frame_list
+from pathswarm.protocol.rounds.messages import RoundReply as RoundResult
+from pathswarm.protocol.rounds.outer import OuterState
+from pathswarm.protocol.rounds.reducer import answer
+from pathswarm.protocol.rounds.rule import AUDIT_TOLERANCE, audit_mean
 from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
+from pathswarm.protocol.wire import write_message
 
 NUMEL = 1000
 SPEC = SwarmSpec(averaging=AveragingSpec(min_group=3, grace_s=0.5))
@@ -21,14 +24,14 @@ PEERS = ["QmA", "QmB", "QmC"]
 
 def closed_round():
     """Three contributions reduced by a real exchange: its result and the frames it keeps for audits."""
-    mine = LocalState(0, "d0", torch.linspace(-1, 1, NUMEL), torch.zeros(NUMEL))
-    ex = ModuleExchange(SPEC, None, "QmR", {"m": NUMEL}, lambda m: mine, exchange_closer(SPEC))
-    ex.expected_holders["m"] = 3
+    mine = OuterState(torch.linspace(-1, 1, NUMEL), torch.zeros(NUMEL), 0)
+    ex = ModuleExchange(SPEC, None, "QmR", {"m": NUMEL}, lambda m: mine)
+    ex.set_groups({**ex.ctx.groups.expected, "m": 3})
     gen = torch.Generator().manual_seed(1)
     sent = {p: (100 * (i + 1), encode(torch.randn(NUMEL, generator=gen) * 1e-2)) for i, p in enumerate(PEERS)}
 
     async def go():
-        return await asyncio.gather(*(ex.reduce("m", 0, p, t, "d0", f) for p, (t, f) in sent.items()))
+        return await asyncio.gather(*(ex.reduce("m", 0, p, t, mine.digest(), f) for p, (t, f) in sent.items()))
 
     return asyncio.run(go())[0], ex, sent
 
@@ -81,17 +84,17 @@ def test_an_honest_round_that_rejected_a_frame_passes_the_audit():
     audit, which sees only the frames used, must not screen them again (the median of the used ones alone is
     lower, and a frame the reducer rightly kept could fail it: a false proof against an honest reducer)."""
     gen = torch.Generator().manual_seed(3)
-    mine = LocalState(0, "d0", torch.linspace(-1, 1, NUMEL), torch.zeros(NUMEL))
+    mine = OuterState(torch.linspace(-1, 1, NUMEL), torch.zeros(NUMEL), 0)
     spec = SwarmSpec(averaging=AveragingSpec(min_group=5, grace_s=0.5))
-    ex = ModuleExchange(spec, None, "QmR", {"m": NUMEL}, lambda m: mine, exchange_closer(spec))
-    ex.expected_holders["m"] = 5
+    ex = ModuleExchange(spec, None, "QmR", {"m": NUMEL}, lambda m: mine)
+    ex.set_groups({**ex.ctx.groups.expected, "m": 5})
     # The median norm of all five is C's (15): E is rejected (over 10x it), C and D kept; of the four used, the
     # median is 1 (torch takes the lower middle), and a second screen would reject C and D.
     scales = {"QmA": 1.0, "QmB": 1.0, "QmC": 15.0, "QmD": 20.0, "QmE": 1e4}
     sent = {p: (100, encode(torch.randn(NUMEL, generator=gen) * 1e-3 * k)) for p, k in scales.items()}
 
     async def go():
-        return await asyncio.gather(*(ex.reduce("m", 0, p, t, "d0", f) for p, (t, f) in sent.items()))
+        return await asyncio.gather(*(ex.reduce("m", 0, p, t, mine.digest(), f) for p, (t, f) in sent.items()))
 
     result = asyncio.run(go())[0]
     assert [p for p, _, _ in result.frames] == ["QmA", "QmB", "QmC", "QmD"]  # E rejected
@@ -112,17 +115,16 @@ def test_frame_lists_from_strangers_are_parsed_strictly():
 def test_a_result_of_the_largest_group_fits_in_one_header():
     """A result lists up to MAX_LISTED contributors with their frame hashes: its header must still be one message
     (a group too large for it used to fail every member's round at the reducer's reply)."""
-    from pathswarm.protocol.exchange import RoundResult
-    from pathswarm.protocol.reducers import MAX_CANDIDATES
+    from pathswarm.protocol.rounds.messages import RoundReply as RoundResult
+    from pathswarm.protocol.rounds.reducers import MAX_CANDIDATES
 
     from ..fuzzing import Sink, read
 
     peers = [f"Qm{i:044d}" for i in range(MAX_LISTED)]
-    result = RoundResult("m", 7, "merged", b"x", peers, 1 << 40, "ab" * 32, reducers=tuple(peers[:MAX_CANDIDATES]),
-                         frames=tuple((p, 1 << 40, "cd" * 32) for p in peers))
-    ex = ModuleExchange(SPEC, None, "QmR", {"m": NUMEL}, lambda m: None, exchange_closer(SPEC))
+    result = RoundResult("m", 7, "merged", tuple(peers), 1 << 40, "ab" * 32, reducers=tuple(peers[:MAX_CANDIDATES]),
+                         frames=tuple((p, 1 << 40, "cd" * 32) for p in peers), mean_frame=b"x")
     sink = Sink()
-    asyncio.run(ex._send_result(sink, result))
+    asyncio.run(write_message(sink, result.header(), result.mean_frame))
     header, payload = asyncio.run(read(bytes(sink.data), 16))
     assert payload == b"x" and parse_frame_list(header["frames"]) == result.frames
     assert len(header["contributors"]) == MAX_LISTED
@@ -142,8 +144,8 @@ def test_a_member_stops_trusting_a_reducer_that_misreports_its_frame_unless_it_r
     def contribute(data: bytes, fresh: bool):
         ex = exchange(False, FakeStreams(data))
         if not fresh:
-            ex.fresh.discard("L0M0")
-        return ex, asyncio.run(ex.contribute([PEER], "L0M0", 3, 5, STATE.digest, FRAME, 5.0))
+            ex.ctx.fresh.discard("L0M0")
+        return ex, asyncio.run(ex.contribute([PEER], "L0M0", 3, 5, STATE.digest(), FRAME, 5.0))
 
     ex, honest = contribute(reply(5, FRAME), fresh=False)
     assert honest.status == "merged" and not ex.distrusted
@@ -168,7 +170,7 @@ def test_the_audit_odds_count_contributors_we_know_as_holders_not_the_reducers_l
 def test_a_new_reducers_first_rounds_are_audited_for_certain_then_at_random():
     from pathswarm.node.peer.audit import NEW_REDUCER_AUDITS, Auditor
     from pathswarm.node.peer.config import NodeConfig, NodeStatus
-    from pathswarm.protocol.exchange import RoundResult
+    from pathswarm.protocol.rounds.messages import RoundReply as RoundResult
 
     def auditor(rate: float) -> tuple[Auditor, list]:
         a = Auditor(NodeConfig(spec=SwarmSpec(name="audit"), audit_rate=rate), NodeStatus(peer_id="QmMe"), None, None)
@@ -180,8 +182,8 @@ def test_a_new_reducers_first_rounds_are_audited_for_certain_then_at_random():
         return a, fetched
 
     def result(r: int, reducer: str = "QmR") -> RoundResult:
-        return RoundResult("shared", r, "merged", b"x", ["QmMe", reducer, "QmB"], 10, "ab", reducer=reducer,
-                           frames=(("QmMe", 5, "00"), (reducer, 5, "11")))
+        return RoundResult("shared", r, "merged", ("QmMe", reducer, "QmB"), 10, "ab", mean_frame=b"x",
+                           reducer=reducer, frames=(("QmMe", 5, "00"), (reducer, 5, "11")))
 
     a, fetched = auditor(0.2)
     assert [a.record("shared", result(r), 1.0, (5, b"x"), ["QmMe", "QmR", "QmB"]) for r in range(1, 4)] == [""] * 3
@@ -205,7 +207,7 @@ def test_a_reducer_that_does_not_answer_a_random_audit_is_checked_before_applyin
 
     from pathswarm.node.peer.audit import NEW_REDUCER_AUDITS, Auditor, _Check
     from pathswarm.node.peer.config import NodeConfig, NodeStatus
-    from pathswarm.protocol.exchange import RoundResult
+    from pathswarm.protocol.rounds.messages import RoundReply as RoundResult
 
     class Exchange:  # what _check reads of the exchange; the downloads are tested end to end
         distrusted: dict = {}
@@ -216,7 +218,7 @@ def test_a_reducer_that_does_not_answer_a_random_audit_is_checked_before_applyin
     a._verify_now = lambda module, r, reducer: now.append(r) or ""
     a.rng.random = lambda: 0.0  # drawn for a random audit
     a.passed["QmR"] = NEW_REDUCER_AUDITS
-    result = RoundResult("shared", 5, "merged", b"x", ["QmMe", "QmR"], 10, "ab", reducer="QmR",
+    result = RoundResult("shared", 5, "merged", tuple(["QmMe", "QmR"]), 10, "ab", mean_frame=b"x", reducer="QmR",
                          frames=(("QmMe", 5, "00"), ("QmR", 5, "11")))
     assert a.record("shared", result, 1.0, (5, b"x"), ["QmMe", "QmR"]) == ""
     assert now == []  # seasoned: audited in the background, applied meanwhile
@@ -232,7 +234,7 @@ def test_a_reducer_that_does_not_answer_a_random_audit_is_checked_before_applyin
 def test_a_rounds_frames_are_served_to_its_members_only():
     import socket
 
-    from pathswarm.protocol.audit import AuditService
+    from pathswarm.protocol.rounds.audit import AuditService
     from pathswarm.protocol.wire import Traffic, read_message, write_message
 
     async def admit(header, sender, reader, writer) -> bool:
@@ -274,12 +276,12 @@ def test_a_member_answered_late_may_read_the_rounds_frames():
     # Through the reducer's own answer: a contribution that comes after the round closed is "late" (applicable),
     # and from then on its sender may download the round's frames for an audit.
     st = torch.zeros(NUMEL)
-    mine = LocalState(0, "d0", st, st.clone())
-    ex = ModuleExchange(SPEC, None, "QmR", {"m": NUMEL}, lambda m: mine, exchange_closer(SPEC))
-    result = RoundResult("m", 0, "merged", b"x", ["QmA", "QmR"], 10, "d1", reducer="QmR",
-                         frames=(("QmA", 5, "00"), ("QmR", 5, "11")))
+    mine = OuterState(st, st.clone(), 0)
+    ex = ModuleExchange(SPEC, None, "QmR", {"m": NUMEL}, lambda m: mine)
+    result = RoundResult("m", 0, "merged", ("QmA", "QmR"), 10, "d1", reducer="QmR",
+                         frames=(("QmA", 5, "00"), ("QmR", 5, "11")), mean_frame=b"x")
     ex.audits.store.keep("m", 0, {"QmA": (5, b"a"), "QmR": (5, b"r")})
-    assert ex._answer(result, "QmA").status == "merged"
-    assert ex._answer(result, "QmLate").status == "late"
+    assert answer(result, "QmA", ex.audits.store).status == "merged"
+    assert answer(result, "QmLate", ex.audits.store).status == "late"
     assert ex.audits.store.may_read("m", 0, "QmLate") and ex.audits.store.may_read("m", 0, "QmA")
     assert not ex.audits.store.may_read("m", 0, "QmStranger")

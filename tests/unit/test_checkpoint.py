@@ -20,7 +20,7 @@ from pathswarm.node.train.checkpoint import (
     resolve_checkpoint_dir,
     save_checkpoint,
 )
-from pathswarm.node.train.outer import OuterState
+from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.spec import ModelSpec, SwarmSpec
 
 SPEC = SwarmSpec(model=ModelSpec(width=32, base_width=32, n_heads=2, layers_per_module=1, context_len=16))
@@ -171,10 +171,10 @@ def test_a_resuming_node_takes_back_the_path_its_checkpoint_holds(tmp_path):
     from pathswarm.node.peer.node import Node, NodeConfig
 
     save_checkpoint(tmp_path / "mine", SPEC, 4, states(SPEC, 4))
-    assert Node(NodeConfig(spec=SPEC, checkpoint_dir=str(tmp_path / "mine")))._checkpoint_path() == (0, 1)
+    assert Node(NodeConfig(spec=SPEC, checkpoint_dir=str(tmp_path / "mine"))).checkpoints.path_held() == (0, 1)
     other = SPEC.replace(name="another swarm")
-    assert Node(NodeConfig(spec=other, checkpoint_dir=str(tmp_path / "mine")))._checkpoint_path() is None
-    assert Node(NodeConfig(spec=SPEC, checkpoint_dir=str(tmp_path / "none")))._checkpoint_path() is None
+    assert Node(NodeConfig(spec=other, checkpoint_dir=str(tmp_path / "mine"))).checkpoints.path_held() is None
+    assert Node(NodeConfig(spec=SPEC, checkpoint_dir=str(tmp_path / "none"))).checkpoints.path_held() is None
     partial = {mid: st for mid, st in states(SPEC, 2).items() if mid != "shared"}
     save_checkpoint(tmp_path / "partial", SPEC, 2, partial)
-    assert Node(NodeConfig(spec=SPEC, checkpoint_dir=str(tmp_path / "partial")))._checkpoint_path() is None
+    assert Node(NodeConfig(spec=SPEC, checkpoint_dir=str(tmp_path / "partial"))).checkpoints.path_held() is None

@@ -11,13 +11,15 @@ import torch
 import zstandard
 from torch.distributions import Laplace, StudentT
 
-from pathswarm.compression import CodecError, ErrorFeedback, decode, encode
+from pathswarm.compression import CodecError, ErrorFeedback, Int8Codec, decode, encode
 from pathswarm.compression.frame import FIXED_HEADER_BYTES, checksum
 from pathswarm.compression.quantize import dequantize, quantize, scale_limit
 
 from .codec_reference import bf16_ceil, dequantize_reference, quantize_reference
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INT8 = Int8Codec()
+"""The int8 codec with encode's defaults (what error feedback encodes with below)."""
 
 
 def rel_l2(decoded: torch.Tensor, true: torch.Tensor) -> float:
@@ -349,7 +351,7 @@ def test_error_feedback_makes_the_sum_ten_times_more_accurate():
         x = torch.randn(4096) * 1e-3
         true_sum += x.double()
         plain_sum += decode(encode(x)).double()
-        fed_sum += decode(feedback.encode(x)).double()
+        fed_sum += decode(feedback.encode(x, INT8)).double()
     plain, fed = rel_l2(plain_sum, true_sum), rel_l2(fed_sum, true_sum)
     assert fed * 10 <= plain, (fed, plain)
     # The errors telescope: what peers received misses the true sum by exactly the last residual.
@@ -363,30 +365,30 @@ def test_error_feedback_with_half_precision_tracks_the_sum():
     for _ in range(50):
         x = (torch.randn(1000) * 1e-2).half()
         true_sum += x.double()
-        fed_sum += decode(feedback.encode(x)).double()
+        fed_sum += decode(feedback.encode(x, INT8)).double()
     assert rel_l2(fed_sum, true_sum) < 0.003
 
 
 def test_error_feedback_keeps_its_residual_when_encoding_fails():
     feedback = ErrorFeedback()
-    feedback.encode(torch.randn(100))
+    feedback.encode(torch.randn(100), INT8)
     before = feedback.residual.clone()
     with pytest.raises(ValueError, match="NaN"):
-        feedback.encode(torch.full((100,), math.nan))
+        feedback.encode(torch.full((100,), math.nan), INT8)
     assert torch.equal(feedback.residual, before)
     with pytest.raises(ValueError, match="one ErrorFeedback per module"):
-        feedback.encode(torch.randn(99))
+        feedback.encode(torch.randn(99), INT8)
 
 
 def test_error_feedback_does_not_modify_its_input_and_round_trips_its_state():
     x = torch.randn(500)
     copy = x.clone()
     feedback = ErrorFeedback()
-    feedback.encode(x)
-    feedback.encode(x)
+    feedback.encode(x, INT8)
+    feedback.encode(x, INT8)
     assert torch.equal(x, copy)
     restored = ErrorFeedback()
     restored.load_state_dict(feedback.state_dict())
-    assert restored.encode(x) == feedback.encode(x)
+    assert restored.encode(x, INT8) == feedback.encode(x, INT8)
     feedback.reset()
     assert feedback.residual is None and feedback.state_dict() == {}

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from pathswarm.compression import decode, encode
-from pathswarm.node.peer.rounds import exchange_closer
-from pathswarm.node.train.outer import OuterState
-from pathswarm.protocol.aggregate import weighted_average
 from pathswarm.protocol.clock import ManualClock
-from pathswarm.protocol.exchange import RANK_LOST, LocalState, ModuleExchange, rank_lost
+from pathswarm.protocol.rounds.exchange import ModuleExchange
+from pathswarm.protocol.rounds.merge import weighted_average
+from pathswarm.protocol.rounds.outer import OuterState
+from pathswarm.protocol.rounds.reducer import RANK_LOST, rank_lost
 from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
 from pathswarm.protocol.wire import MAGIC, WireError, read_message, write_message
 
@@ -25,19 +25,16 @@ NUMEL = 1000
 SPEC = SwarmSpec(averaging=AveragingSpec(min_group=64, grace_s=0.5))
 
 
-def post_state(state: LocalState, avg: torch.Tensor) -> LocalState:
+def post_state(state: OuterState, avg: torch.Tensor) -> OuterState:
     """The state after one outer step by hand: what the reducer's closed round must say."""
-    s = OuterState(state.anchor.clone(), state.momentum.clone(), state.round)
-    s.apply(avg, SPEC.outer)
-    return LocalState(s.round, s.digest(), s.anchor, s.momentum)
+    return state.stepped(avg, SPEC.outer)
 
 
-def make_exchange(expected: int) -> tuple[ModuleExchange, LocalState]:
+def make_exchange(expected: int) -> tuple[ModuleExchange, OuterState]:
     st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
-    mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
-    ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: mine if m == "L0M0" else None,
-                        exchange_closer(SPEC))
-    ex.expected_holders["L0M0"] = expected
+    mine = OuterState(st.anchor, st.momentum, st.round)
+    ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: mine if m == "L0M0" else None)
+    ex.set_groups({**ex.ctx.groups.expected, "L0M0": expected})
     return ex, mine
 
 
@@ -51,33 +48,33 @@ def test_round_closes_when_every_holder_is_in_and_all_get_the_same_mean():
         ex, mine = make_exchange(expected=3)
         fs = frames(3)
         peers, tokens = ["p2", "p0", "p1"], [100, 300, 600]
-        results = await asyncio.gather(*(ex.reduce("L0M0", 0, p, t, mine.digest, f)
+        results = await asyncio.gather(*(ex.reduce("L0M0", 0, p, t, mine.digest(), f)
                                          for p, t, f in zip(peers, tokens, fs, strict=True)))
         return mine, fs, results
 
     mine, fs, results = asyncio.run(go())
     assert {r.status for r in results} == {"merged"}
     assert len({r.mean_frame for r in results}) == 1  # one canonical encoding for everybody
-    assert results[0].contributors == ["p0", "p1", "p2"] and results[0].tokens == 1000
+    assert list(results[0].contributors) == ["p0", "p1", "p2"] and results[0].tokens == 1000
     # The mean is the token-weighted mean in sorted peer order (then quantised once).
     order = {"p2": (100, fs[0]), "p0": (300, fs[1]), "p1": (600, fs[2])}
     exact = weighted_average([decode(order[p][1]) for p in sorted(order)], [order[p][0] for p in sorted(order)])
     got = decode(results[0].mean_frame)
     assert torch.linalg.vector_norm(got - exact) / torch.linalg.vector_norm(exact) < 0.02
-    assert results[0].digest_after == post_state(mine, got).digest
+    assert results[0].digest_after == post_state(mine, got).digest()
 
 
 def test_grace_window_closes_a_partial_round_and_late_members_get_the_same_mean():
     async def go():
         ex, mine = make_exchange(expected=3)
         f = frames(2)
-        first = await ex.reduce("L0M0", 0, "p0", 10, mine.digest, f[0])  # alone until the grace window ends
-        late = await ex.reduce("L0M0", 0, "p1", 10, mine.digest, f[1])
+        first = await ex.reduce("L0M0", 0, "p0", 10, mine.digest(), f[0])  # alone until the grace window ends
+        late = await ex.reduce("L0M0", 0, "p1", 10, mine.digest(), f[1])
         bad = await ex.reduce("L0M0", 0, "p2", 10, "0" * 16, f[1])
         return first, late, bad
 
     first, late, bad = asyncio.run(go())
-    assert first.status == "alone" and first.contributors == ["p0"]
+    assert first.status == "alone" and list(first.contributors) == ["p0"]
     assert late.status == "late" and late.mean_frame == first.mean_frame
     assert bad.status == "out_of_sync"
 
@@ -85,7 +82,7 @@ def test_grace_window_closes_a_partial_round_and_late_members_get_the_same_mean(
 def test_reducer_accepts_the_next_round_before_applying_its_own_result():
     async def go():
         ex, mine = make_exchange(expected=1)
-        r0 = await ex.reduce("L0M0", 0, "p0", 10, mine.digest, frames(1)[0])
+        r0 = await ex.reduce("L0M0", 0, "p0", 10, mine.digest(), frames(1)[0])
         # p0 applied round 0 and sends round 1 while our training loop has not applied it yet.
         r1 = await ex.reduce("L0M0", 1, "p0", 10, r0.digest_after, frames(1)[0])
         ahead = await ex.reduce("L0M0", 5, "p9", 10, "ab" * 8, frames(1)[0])
@@ -93,18 +90,18 @@ def test_reducer_accepts_the_next_round_before_applying_its_own_result():
 
     r0, r1, ahead, ex = asyncio.run(go())
     assert r0.status == "alone" and r1.status == "alone" and r1.round == 1
-    assert ahead.status == "behind" and ex.behind["L0M0"] == "p9"
+    assert ahead.status == "behind" and ex.take_behind() == {"L0M0": "p9"}
 
 
 def test_undecodable_frames_are_dropped_not_fatal():
     async def go():
         ex, mine = make_exchange(expected=2)
         good = frames(1)[0]
-        return await asyncio.gather(ex.reduce("L0M0", 0, "p0", 10, mine.digest, good),
-                                    ex.reduce("L0M0", 0, "p1", 10, mine.digest, b"garbage"))
+        return await asyncio.gather(ex.reduce("L0M0", 0, "p0", 10, mine.digest(), good),
+                                    ex.reduce("L0M0", 0, "p1", 10, mine.digest(), b"garbage"))
 
     a, b = asyncio.run(go())
-    assert a.contributors == ["p0"] and b.status == "late"
+    assert list(a.contributors) == ["p0"] and b.status == "late"
 
 
 def reader_of(data: bytes) -> asyncio.StreamReader:
@@ -144,11 +141,11 @@ def test_framing_round_trip_and_bounds():
     asyncio.run(go())
 
 
-def sync_exchange(spec: SwarmSpec, peer_id: str) -> tuple[LocalState, ModuleExchange]:
+def sync_exchange(spec: SwarmSpec, peer_id: str) -> tuple[OuterState, ModuleExchange]:
     """An offline exchange in sync-baseline mode holding one fresh module L0M0."""
     st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
-    mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
-    return mine, ModuleExchange(spec, None, peer_id, {"L0M0": NUMEL}, lambda m: mine, exchange_closer(spec),
+    mine = OuterState(st.anchor, st.momentum, st.round)
+    return mine, ModuleExchange(spec, None, peer_id, {"L0M0": NUMEL}, lambda m: mine,
                                 sync_world=True)
 
 
@@ -157,26 +154,26 @@ def test_sync_world_round_waits_past_the_grace_window_for_every_expected_member(
 
     async def go():
         mine, ex = sync_exchange(spec, "reducer")
-        ex.expected_holders["L0M0"] = 3  # the job's world: min_group does not cap it in sync mode
+        ex.set_groups({**ex.ctx.groups.expected, "L0M0": 3})  # the job's world: min_group does not cap it in sync mode
         f = frames(3)
         t0 = asyncio.get_running_loop().time()
-        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, mine.digest, f[0]))
+        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, mine.digest(), f[0]))
         await asyncio.sleep(0.8)  # four grace windows: a decoupled round would have closed alone by now
         assert not first.done()
-        rest = await asyncio.gather(*(ex.reduce("L0M0", 0, p, 10, mine.digest, x) for p, x in (("p1", f[1]),
+        rest = await asyncio.gather(*(ex.reduce("L0M0", 0, p, 10, mine.digest(), x) for p, x in (("p1", f[1]),
                                                                                               ("p2", f[2]))))
         full = [await first, *rest]
         waited = asyncio.get_running_loop().time() - t0
         # a member that never comes: the round closes at timeout_s with who is there
         t1 = asyncio.get_running_loop().time()
         st1 = post_state(mine, decode(full[0].mean_frame))
-        assert st1.digest == full[0].digest_after
-        ex.state_of = lambda m: st1
-        partial = await ex.reduce("L0M0", 1, "p0", 10, st1.digest, f[0])
+        assert st1.digest() == full[0].digest_after
+        ex.ctx.state_of = lambda m: st1
+        partial = await ex.reduce("L0M0", 1, "p0", 10, st1.digest(), f[0])
         return full, waited, partial, asyncio.get_running_loop().time() - t1
 
     full, waited, partial, partial_wait = asyncio.run(go())
-    assert {r.status for r in full} == {"merged"} and full[0].contributors == ["p0", "p1", "p2"]
+    assert {r.status for r in full} == {"merged"} and list(full[0].contributors) == ["p0", "p1", "p2"]
     assert 0.8 <= waited < 3.0
     assert partial.status == "alone" and 2.9 <= partial_wait < 4.0
 
@@ -194,28 +191,28 @@ def test_sync_round_fails_for_everyone_when_a_member_dies_and_the_retry_opens_an
 
     async def go():
         mine, ex = sync_exchange(spec, "p0")
-        ex.expected_holders["L0M0"] = 3
-        ex.live_holders["L0M0"] = {"p0": 2, "p1": 2, "p2": 2}
+        ex.set_groups({**ex.ctx.groups.expected, "L0M0": 3})
+        ex.set_groups(ex.ctx.groups.expected, live={"L0M0": {"p0": 2, "p1": 2, "p2": 2}})
         f = frames(3)
-        waiting = [asyncio.ensure_future(ex.reduce("L0M0", 0, p, 10, mine.digest, x))
+        waiting = [asyncio.ensure_future(ex.reduce("L0M0", 0, p, 10, mine.digest(), x))
                    for p, x in (("p0", f[0]), ("p1", f[1]))]
         await asyncio.sleep(0.6)
         assert not any(w.done() for w in waiting)  # p2 is alive: the round waits for it
         t0 = asyncio.get_running_loop().time()
-        ex.live_holders["L0M0"] = {"p0": 2, "p1": 2}  # p2's claim lapsed
+        ex.set_groups(ex.ctx.groups.expected, live={"L0M0": {"p0": 2, "p1": 2}})  # p2's claim lapsed
         failed = await asyncio.gather(*waiting)
         noticed = asyncio.get_running_loop().time() - t0
         # p2 comes back as a new process: the retry at the same round number waits for it and merges all three
-        ex.live_holders["L0M0"] = {"p0": 2, "p1": 2, "p2": 0}
-        retry = await asyncio.gather(*(ex.reduce("L0M0", 0, p, 10, mine.digest, x)
+        ex.set_groups(ex.ctx.groups.expected, live={"L0M0": {"p0": 2, "p1": 2, "p2": 0}})
+        retry = await asyncio.gather(*(ex.reduce("L0M0", 0, p, 10, mine.digest(), x)
                                        for p, x in (("p0", f[0]), ("p1", f[1]), ("p2", f[2]))))
-        return failed, noticed, retry, ex.tokens_reduced
+        return failed, noticed, retry, {"L0M0": ex.tokens_reduced("L0M0")}
 
     failed, noticed, retry, reduced = asyncio.run(go())
     assert reduced == {"L0M0": 30}  # only the retry's three contributions of 10 tokens entered the model
     assert [r.status for r in failed] == ["failed", "failed"] and noticed < 1.0
     assert all(r.reason.startswith(RANK_LOST) and r.reason.endswith("p2") and not r.mean_frame for r in failed)
-    assert {r.status for r in retry} == {"merged"} and retry[0].contributors == ["p0", "p1", "p2"]
+    assert {r.status for r in retry} == {"merged"} and list(retry[0].contributors) == ["p0", "p1", "p2"]
 
 
 def test_an_open_round_takes_only_contributions_from_the_state_it_opened_with():
@@ -226,13 +223,13 @@ def test_an_open_round_takes_only_contributions_from_the_state_it_opened_with():
     async def go():
         before = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
         resynced = OuterState.fresh(torch.linspace(-2, 2, NUMEL))
-        states = {"now": LocalState(0, before.digest(), before.anchor, before.momentum)}
-        ex = ModuleExchange(spec, None, "reducer", {"L0M0": NUMEL}, lambda m: states["now"], exchange_closer(spec))
-        ex.expected_holders["L0M0"] = 3
+        states = {"now": OuterState(before.anchor, before.momentum, 0)}
+        ex = ModuleExchange(spec, None, "reducer", {"L0M0": NUMEL}, lambda m: states["now"])
+        ex.set_groups({**ex.ctx.groups.expected, "L0M0": 3})
         f = frames(2)
         first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, before.digest(), f[0]))
         await asyncio.sleep(0.1)
-        states["now"] = LocalState(0, resynced.digest(), resynced.anchor, resynced.momentum)
+        states["now"] = OuterState(resynced.anchor, resynced.momentum, 0)
         other = await ex.reduce("L0M0", 0, "p1", 10, resynced.digest(), f[1])
         return await first, other
 
@@ -247,33 +244,32 @@ def test_a_late_member_is_late_however_many_rounds_other_modules_closed():
     # Regression: closed results were pruned in (module, round) order across modules, so a busy module
     # ("shared") evicted every result of the others and their late members were told out_of_sync.
     async def go():
-        states = {m: LocalState(0, OuterState.fresh(torch.linspace(-1, 1, NUMEL)).digest(),
-                                torch.linspace(-1, 1, NUMEL), torch.zeros(NUMEL)) for m in ("L0M0", "shared")}
-        ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL, "shared": NUMEL}, states.get, exchange_closer(SPEC))
-        ex.expected_holders.update({"L0M0": 1, "shared": 1})  # each round closes with its first contribution
+        states = {m: OuterState(torch.linspace(-1, 1, NUMEL), torch.zeros(NUMEL), 0) for m in ("L0M0", "shared")}
+        ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL, "shared": NUMEL}, states.get)
+        ex.set_groups({"L0M0": 1, "shared": 1})  # each round closes with its first contribution
         f = frames(1)[0]
-        first = await ex.reduce("L0M0", 0, "p0", 10, states["L0M0"].digest, f)
-        digest = states["shared"].digest
+        first = await ex.reduce("L0M0", 0, "p0", 10, states["L0M0"].digest(), f)
+        digest = states["shared"].digest()
         for r in range(12):
             res = await ex.reduce("shared", r, "p0", 10, digest, f)
             assert res.status == "alone", res
             digest = res.digest_after
-        late = await ex.reduce("L0M0", 0, "p1", 10, states["L0M0"].digest, f)
-        stale = await ex.reduce("shared", 0, "p1", 10, states["shared"].digest, f)  # long forgotten
+        late = await ex.reduce("L0M0", 0, "p1", 10, states["L0M0"].digest(), f)
+        stale = await ex.reduce("shared", 0, "p1", 10, states["shared"].digest(), f)  # long forgotten
         return first, late, stale
 
     first, late, stale = asyncio.run(go())
     assert first.status == "alone"
-    assert late.status == "late" and late.mean_frame == first.mean_frame and late.contributors == ["p0"]
+    assert late.status == "late" and late.mean_frame == first.mean_frame and list(late.contributors) == ["p0"]
     assert stale.status == "out_of_sync"  # beyond RESULTS_KEPT rounds: the member must re-sync
 
 
 # ---- grace window and sync deadline on a clock the test moves: minutes of protocol time, no sleeping ----
-def clocked_exchange(spec: SwarmSpec, clock: ManualClock, sync_world: bool = False) -> tuple[LocalState,
+def clocked_exchange(spec: SwarmSpec, clock: ManualClock, sync_world: bool = False) -> tuple[OuterState,
                                                                                           ModuleExchange]:
     st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
-    mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
-    return mine, ModuleExchange(spec, None, "reducer", {"L0M0": NUMEL}, lambda m: mine, exchange_closer(spec),
+    mine = OuterState(st.anchor, st.momentum, st.round)
+    return mine, ModuleExchange(spec, None, "reducer", {"L0M0": NUMEL}, lambda m: mine,
                                 sync_world=sync_world, clock=clock)
 
 
@@ -284,20 +280,21 @@ def test_the_grace_window_closes_a_partial_round_at_its_end_on_the_exchanges_clo
     async def go():
         clock = ManualClock()
         mine, ex = clocked_exchange(spec, clock)
-        ex.expected_holders["L0M0"] = 3
+        ex.set_groups({**ex.ctx.groups.expected, "L0M0": 3})
         f = frames(3)
-        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, mine.digest, f[0]))
-        second = asyncio.ensure_future(ex.reduce("L0M0", 0, "p1", 30, mine.digest, f[1]))
+        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, mine.digest(), f[0]))
+        second = asyncio.ensure_future(ex.reduce("L0M0", 0, "p1", 30, mine.digest(), f[1]))
         await clock.advance(29.9)
         open_in_the_window = not first.done() and not second.done()
         await clock.advance(0.1)
+        await asyncio.wait([first, second], timeout=5)  # the merge itself runs off the loop, on a real thread
         closed_at_its_end = first.done() and second.done()
-        late = await ex.reduce("L0M0", 0, "p2", 10, mine.digest, f[2])
+        late = await ex.reduce("L0M0", 0, "p2", 10, mine.digest(), f[2])
         return open_in_the_window, closed_at_its_end, first.result(), second.result(), late
 
     open_in_the_window, closed_at_its_end, first, second, late = asyncio.run(go())
     assert open_in_the_window and closed_at_its_end
-    assert first.status == second.status == "merged" and first.contributors == ["p0", "p1"] and first.tokens == 40
+    assert first.status == second.status == "merged" and list(first.contributors) == ["p0", "p1"] and first.tokens == 40
     assert first.mean_frame == second.mean_frame
     assert late.status == "late" and late.mean_frame == first.mean_frame  # the third holder missed the window
 
@@ -309,41 +306,43 @@ def test_the_sync_deadline_closes_a_round_that_a_live_member_never_joins():
     async def go():
         clock = ManualClock()
         mine, ex = clocked_exchange(spec, clock, sync_world=True)
-        ex.expected_holders["L0M0"] = 2
-        ex.live_holders["L0M0"] = {"reducer": 0, "p1": 0}  # p1 stays alive (its claim renewed) and never sends
-        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "reducer", 10, mine.digest, frames(1)[0]))
+        ex.set_groups({**ex.ctx.groups.expected, "L0M0": 2})
+        # p1 stays alive (its claim renewed) and never sends
+        ex.set_groups(ex.ctx.groups.expected, live={"L0M0": {"reducer": 0, "p1": 0}})
+        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "reducer", 10, mine.digest(), frames(1)[0]))
         await clock.advance(59.0)  # eleven grace windows: a decoupled round would have closed long ago
         waiting = not first.done()
         await clock.advance(1.0)
+        await asyncio.wait([first], timeout=5)  # the merge itself runs off the loop, on a real thread
         return waiting, first.done(), first.result()
 
     waiting, closed, result = asyncio.run(go())
     assert waiting and closed
-    assert result.status == "alone" and result.contributors == ["reducer"] and result.tokens == 10
+    assert result.status == "alone" and list(result.contributors) == ["reducer"] and result.tokens == 10
 
 
 def test_a_candidates_stance_names_who_holds_a_round_and_opens_it_for_a_later_candidate():
-    """protocol/reducers.py rule 3: the earliest live candidate reduces. Asked by a later candidate, a holder at the
-    round opens it (OPEN); asked by the head of its list (a restarted one), it does not (NOT_HERE)."""
-    from pathswarm.protocol.reducers import Stance
+    """protocol/rounds/reducers.py rule 3: the earliest live candidate reduces. Asked by a later candidate, a holder
+    at the round opens it (OPEN); asked by the head of its list (a restarted one), it does not (NOT_HERE)."""
+    from pathswarm.protocol.rounds.reducers import Stance
 
     async def go():
         ex, mine = make_exchange(expected=2)
         at = dataclasses.replace(mine, reducers=("head", "reducer", "later"))
-        ex.state_of = lambda m: at if m == "L0M0" else None
+        ex.ctx.state_of = lambda m: at if m == "L0M0" else None
         answers = {
-            "restarted head": ex.stance("L0M0", 0, at.digest, "head"),
+            "restarted head": ex.stance("L0M0", 0, at.digest(), "head"),
             "another version": ex.stance("L0M0", 0, "f" * 16, "later"),
-            "an older round": ex.stance("L0M0", 1, at.digest, "later"),
-            "unknown module": ex.stance("L9M9", 0, at.digest, "later"),
+            "an older round": ex.stance("L0M0", 1, at.digest(), "later"),
+            "unknown module": ex.stance("L9M9", 0, at.digest(), "later"),
         }
-        answers["later candidate"] = ex.stance("L0M0", 0, at.digest, "later")  # opens it
-        answers["asked again"] = ex.stance("L0M0", 0, at.digest, "head")
-        result = await ex.reduce("L0M0", 0, "later", 10, at.digest, frames(1)[0])
-        answers["after closing"] = ex.stance("L0M0", 0, at.digest, "later")
-        ex.state_of = lambda m: result_state
+        answers["later candidate"] = ex.stance("L0M0", 0, at.digest(), "later")  # opens it
+        answers["asked again"] = ex.stance("L0M0", 0, at.digest(), "head")
+        result = await ex.reduce("L0M0", 0, "later", 10, at.digest(), frames(1)[0])
+        answers["after closing"] = ex.stance("L0M0", 0, at.digest(), "later")
+        ex.ctx.state_of = lambda m: result_state
         result_state = dataclasses.replace(at, round=1)
-        answers["past it"] = ex.stance("L0M0", 0, at.digest, "later")
+        answers["past it"] = ex.stance("L0M0", 0, at.digest(), "later")
         return answers, result
 
     answers, result = asyncio.run(go())
@@ -359,10 +358,10 @@ def test_a_contributor_asking_again_after_a_lost_reply_is_told_merged_not_late()
     async def go():
         ex, mine = make_exchange(expected=2)
         fs = frames(2)
-        first = await asyncio.gather(ex.reduce("L0M0", 0, "a", 10, mine.digest, fs[0]),
-                                     ex.reduce("L0M0", 0, "b", 10, mine.digest, fs[1]))
-        again = await ex.reduce("L0M0", 0, "a", 10, mine.digest, fs[0])  # its reply was lost: it asks again
-        stranger = await ex.reduce("L0M0", 0, "c", 10, mine.digest, fs[0])
+        first = await asyncio.gather(ex.reduce("L0M0", 0, "a", 10, mine.digest(), fs[0]),
+                                     ex.reduce("L0M0", 0, "b", 10, mine.digest(), fs[1]))
+        again = await ex.reduce("L0M0", 0, "a", 10, mine.digest(), fs[0])  # its reply was lost: it asks again
+        stranger = await ex.reduce("L0M0", 0, "c", 10, mine.digest(), fs[0])
         return first, again, stranger
 
     first, again, stranger = asyncio.run(go())
@@ -380,10 +379,10 @@ def test_a_reducer_alone_in_its_round_names_its_partners_so_split_sides_meet_aga
         for case, genesis, others in (("alone", ("other", "reducer"), 0), ("no partners", (), 0),
                                       ("with others", ("other", "reducer"), 1)):
             ex, mine = make_exchange(expected=1 + others)
-            ex.partners = {"L0M0": genesis}
+            ex.set_groups(ex.ctx.groups.expected, partners={"L0M0": genesis})
             fs = frames(2)
-            results = await asyncio.gather(ex.reduce("L0M0", 0, "reducer", 10, mine.digest, fs[0]),
-                                           *(ex.reduce("L0M0", 0, "other", 10, mine.digest, fs[1])
+            results = await asyncio.gather(ex.reduce("L0M0", 0, "reducer", 10, mine.digest(), fs[0]),
+                                           *(ex.reduce("L0M0", 0, "other", 10, mine.digest(), fs[1])
                                              for _ in range(others)))
             got[case] = results[0].reducers
         return got
@@ -398,41 +397,42 @@ def test_a_round_later_than_the_swarms_age_allows_is_refused_before_anything_rea
 
     old = SPEC.replace(created=int(time.time()) - 60)
     st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
-    mine = LocalState(st.round, st.digest(), st.anchor, st.momentum)
+    mine = OuterState(st.anchor, st.momentum, st.round)
 
     async def contribute(ex: ModuleExchange, round_: int) -> dict:
         """One contribution from QmX over a real socket pair, through the exchange's handler; its answer."""
         ours, theirs = socket.socketpair()
         r1, w1 = await asyncio.open_connection(sock=ours)
         r2, w2 = await asyncio.open_connection(sock=theirs)
-        await write_message(w2, {"module": "L0M0", "round": round_, "tokens": 10, "digest": mine.digest,
+        await write_message(w2, {"module": "L0M0", "round": round_, "tokens": 10, "digest": mine.digest(),
                                  "client": True}, b"", ex.traffic)
         await write_message(w2, {}, encode(torch.zeros(NUMEL)), ex.traffic)
-        await ex._on_contribute("QmX", r1, w1)
+        await ex.service._on_contribute("QmX", r1, w1)
         header, _ = await read_message(r2, 0, ex.traffic)
         w2.close()
         return header
 
-    ex = ModuleExchange(old, None, "reducer", {"L0M0": NUMEL}, lambda m: mine, exchange_closer(old))
+    ex = ModuleExchange(old, None, "reducer", {"L0M0": NUMEL}, lambda m: mine)
     limit = old.round_limit(time.time())
     got = asyncio.run(contribute(ex, 1 << 40))
     assert got["status"] == "refused" and "later than the swarm's age allows" in got["reason"]
-    assert ex.behind == {} and ex.clients == set() and not ex._open  # nothing of it was read or remembered
+    # nothing of it was read or remembered
+    assert ex.take_behind() == {} and ex.clients == set() and not ex.reducer.logs["L0M0"].open
     # Within the bound, a later round is the usual hint that we may be behind (node/peer/vouch.py decides).
     assert asyncio.run(contribute(ex, min(limit, 5)))["status"] == "behind"
-    assert ex.behind == {"L0M0": "QmX"} and ex.clients == {"QmX"}
-    undated = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: mine, exchange_closer(SPEC))
+    assert ex.take_behind() == {"L0M0": "QmX"} and ex.clients == {"QmX"}
+    undated = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: mine)
     assert asyncio.run(contribute(undated, 1 << 40))["status"] == "behind"  # no creation time: int64 bound only
 
 
 def test_a_peer_most_holders_caught_lying_is_neither_our_reducer_nor_asked_who_reduces():
     st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
-    mine = LocalState(st.round, st.digest(), st.anchor, st.momentum, reducers=("liar", "a", "me"))
-    ex = ModuleExchange(SPEC, None, "me", {"L0M0": NUMEL}, lambda m: mine, exchange_closer(SPEC))
-    ex.streams = object()  # _must_ask answers [] offline; nothing is sent here
-    assert ex._must_ask("L0M0", mine) == ["liar", "a"]
-    ex.voted_out = frozenset({"liar"})  # node/peer/state_sync.py sets it from the announcements' votes
-    assert ex._must_ask("L0M0", mine) == ["a"]
+    mine = OuterState(st.anchor, st.momentum, st.round, reducers=("liar", "a", "me"))
+    ex = ModuleExchange(SPEC, None, "me", {"L0M0": NUMEL}, lambda m: mine)
+    ex.ctx.streams = object()  # to_ask answers [] offline; nothing is sent here
+    assert ex.reducer.stances.to_ask("L0M0", mine) == ["liar", "a"]
+    ex.set_voted_out(frozenset({"liar"}))  # node/peer/state_sync.py sets it from the announcements' votes
+    assert ex.reducer.stances.to_ask("L0M0", mine) == ["a"]
     assert ex.shunned("liar") and not ex.shunned("a")
 
 
@@ -442,23 +442,23 @@ def test_a_reducer_that_applied_another_version_of_an_open_round_does_not_close_
     async def go():
         ex, mine = make_exchange(expected=3)
         states = {"now": mine}
-        ex.state_of = lambda m: states["now"]
-        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, mine.digest, frames(1)[0]))
+        ex.ctx.state_of = lambda m: states["now"]
+        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, mine.digest(), frames(1)[0]))
         await asyncio.sleep(0.1)
         other = OuterState.fresh(torch.linspace(-3, 3, NUMEL))
-        states["now"] = LocalState(1, other.digest(), other.anchor, other.momentum)  # round 0 applied elsewhere
+        states["now"] = OuterState(other.anchor, other.momentum, 1)  # round 0 applied elsewhere
         return await first
 
     got = asyncio.run(go())
-    assert got.status == "out_of_sync" and got.contributors == [] and not got.mean_frame
+    assert got.status == "out_of_sync" and list(got.contributors) == [] and not got.mean_frame
 
 
 def test_a_round_sent_again_after_a_proven_lie_asks_a_candidate_that_still_defers_to_the_liar_again():
-    from pathswarm.protocol.exchange import RoundResult
+    from pathswarm.protocol.rounds.messages import RoundReply as RoundResult
 
     async def go(after_lie: bool, defer: int):
         ex, mine = make_exchange(expected=1)
-        ex.distrusted["liar"] = "its mean is not what its frames give"
+        ex.distrust("liar", "its mean is not what its frames give")
         asks = 0
 
         async def contribute_to(reducer, module, round_, tokens, digest, frame, timeout_s):
@@ -469,8 +469,8 @@ def test_a_round_sent_again_after_a_proven_lie_asks_a_candidate_that_still_defer
                 return RoundResult(module, round_, "redirect", reason="liar holds this round", redirect="liar")
             return RoundResult(module, round_, "failed", reason="test: reached")
 
-        ex._contribute_to = contribute_to
-        got = await ex.contribute(["b"], "L0M0", 0, 10, mine.digest, frames(1)[0], 30.0, after_lie=after_lie)
+        ex.member._contribute_to = contribute_to
+        got = await ex.contribute(["b"], "L0M0", 0, 10, mine.digest(), frames(1)[0], 30.0, after_lie=after_lie)
         return got, asks
 
     got, asks = asyncio.run(go(after_lie=True, defer=2))

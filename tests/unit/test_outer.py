@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from pathswarm.node.train.outer import OuterState, nesterov_step, pseudo_gradient
-from pathswarm.protocol.aggregate import weighted_average
+from pathswarm.protocol.rounds.merge import weighted_average
+from pathswarm.protocol.rounds.outer import OuterState, nesterov_step, pseudo_gradient
 from pathswarm.protocol.spec import OuterOptSpec
 
 
@@ -47,7 +47,7 @@ def test_matches_torch_sgd_nesterov():
         g = torch.randn(50)
         p.grad = g.clone()
         sgd.step()
-        state.apply(g, OuterOptSpec(warmup_rounds=0))
+        state = state.stepped(g, OuterOptSpec(warmup_rounds=0))
     assert torch.allclose(state.anchor, p.detach(), atol=1e-6)
     assert state.round == 5
 
@@ -55,11 +55,11 @@ def test_matches_torch_sgd_nesterov():
 def test_warmup_rounds_average_plainly_then_nesterov_starts_cold():
     cfg = OuterOptSpec(lr=0.7, momentum=0.9, nesterov=True, warmup_rounds=2)
     state = OuterState.fresh(torch.tensor([1.0, 2.0]))
-    state.apply(torch.tensor([0.5, -0.5]), cfg)  # round 0: anchor − Δ, buffer untouched
+    state = state.stepped(torch.tensor([0.5, -0.5]), cfg)  # round 0: anchor − Δ, buffer untouched
     assert torch.equal(state.anchor, torch.tensor([0.5, 2.5])) and torch.equal(state.momentum, torch.zeros(2))
-    state.apply(torch.tensor([0.25, 0.25]), cfg)  # round 1: still plain
+    state = state.stepped(torch.tensor([0.25, 0.25]), cfg)  # round 1: still plain
     assert torch.equal(state.anchor, torch.tensor([0.25, 2.25])) and torch.equal(state.momentum, torch.zeros(2))
-    state.apply(torch.tensor([0.5, -0.5]), cfg)  # round 2: the first Nesterov step, from a zero buffer
+    state = state.stepped(torch.tensor([0.5, -0.5]), cfg)  # round 2: the first Nesterov step, from a zero buffer
     assert torch.allclose(state.momentum, torch.tensor([0.5, -0.5]))
     assert torch.allclose(state.anchor, torch.tensor([0.25 - 0.665, 2.25 + 0.665]))
     assert state.round == 3
@@ -78,7 +78,7 @@ def test_digest_changes_with_state_and_round():
     a = OuterState.fresh(torch.ones(4))
     b = OuterState.fresh(torch.ones(4))
     assert a.digest() == b.digest()
-    b.round = 1
+    b = OuterState(b.anchor, b.momentum, 1)
     assert a.digest() != b.digest()
     c = OuterState.fresh(torch.tensor([1.0, 1.0, 1.0, 1.0 + 1e-7]))
     assert a.digest() != c.digest()

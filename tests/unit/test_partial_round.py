@@ -4,6 +4,7 @@ when it does not fit (a real node SIGKILLed mid-round: tests/swarm/test_resume.p
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import time
 from types import SimpleNamespace
@@ -35,7 +36,7 @@ def test_a_resumed_round_continues_bit_for_bit(tmp_path, spec, synthetic_docs):
     a = _worker(spec, synthetic_docs)
     a.train_inner(2)
     for mid in a.module_ids:  # one outer round, so the anchors are not the seed's
-        a.outer[mid].apply(a.pseudo_grad(mid), spec.outer)
+        a.outer[mid] = a.outer[mid].stepped(a.pseudo_grad(mid), spec.outer)
         a.set_flat(mid, a.outer[mid].anchor)
     a.end_round()
     a.train_inner(3)
@@ -110,7 +111,7 @@ def test_a_partial_that_does_not_fit_is_refused_and_changes_nothing(tmp_path, sp
 
     # a later round was checkpointed: the file was made against older anchors
     w, before = fresh()
-    w.outer["shared"].round += 1
+    w.outer["shared"] = dataclasses.replace(w.outer["shared"], round=w.outer["shared"].round + 1)
     with pytest.raises(PartialError, match="another state of shared"):
         load_partial(tmp_path, spec, w)
     assert all(torch.equal(w.flat(m), before[m]) for m in w.module_ids) and w.inner_step == 0 and not w.opt.state

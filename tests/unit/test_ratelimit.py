@@ -43,9 +43,9 @@ def test_a_node_refuses_a_flood_of_state_requests_and_still_serves_others():
         statuses = []
         for peer in ["QmFlooder"] * 40 + ["QmHonest"]:
             sink = Sink()
-            await ex._on_state(peer, reader_of(request), sink)
+            await ex.service._on_state(peer, reader_of(request), sink)
             statuses.append(bytes(sink.data))
-        return statuses, ex.limits["state"].refused
+        return statuses, ex.trust.guard.limits["state"].refused
 
     replies, refused = asyncio.run(go())
     assert all(check_reply(r) in ("accepted", "refused") for r in replies)  # well-formed replies
@@ -98,34 +98,34 @@ def test_a_peer_that_never_reads_a_state_holds_its_slots_a_chunk_and_only_until_
 
     import torch
 
-    from pathswarm.node.peer.rounds import exchange_closer
-    from pathswarm.protocol.exchange import LocalState, ModuleExchange
+    from pathswarm.protocol.rounds.exchange import ModuleExchange
+    from pathswarm.protocol.rounds.outer import OuterState
     from pathswarm.protocol.wire import WRITE_CHUNK
 
     from ..fuzzing import XSPEC, Sink, message, read, reader_of
 
     numel = 200_000  # 1.6 MB of state: 24 chunks
-    state = LocalState(3, "d0" * 8, torch.linspace(-1, 1, numel), torch.zeros(numel))
+    state = OuterState(torch.linspace(-1, 1, numel), torch.zeros(numel), 3)
     request = message({"module": "shared"})
 
     async def go():
-        ex = ModuleExchange(XSPEC, None, "me", {"shared": numel}, lambda m: state, exchange_closer(XSPEC))
-        ex.guard.budgets["state"] = dataclasses.replace(ex.guard.budgets["state"], deadline_s=0.5)
+        ex = ModuleExchange(XSPEC, None, "me", {"shared": numel}, lambda m: state)
+        ex.trust.guard.budgets["state"] = dataclasses.replace(ex.trust.guard.budgets["state"], deadline_s=0.5)
         stalled = [StalledSink() for _ in range(2)]
-        first = [asyncio.create_task(ex._on_state("QmSlow", reader_of(request), s)) for s in stalled]
+        first = [asyncio.create_task(ex.service._on_state("QmSlow", reader_of(request), s)) for s in stalled]
         await asyncio.sleep(0.1)
         again, other = Sink(), Sink()
-        await ex._on_state("QmSlow", reader_of(request), again)  # its two slots are taken
-        await ex._on_state("QmOther", reader_of(request), other)  # others are served meanwhile
-        busy_while_stalled = ex.guard.slots["state"].in_use
+        await ex.service._on_state("QmSlow", reader_of(request), again)  # its two slots are taken
+        await ex.service._on_state("QmOther", reader_of(request), other)  # others are served meanwhile
+        busy_while_stalled = ex.trust.guard.slots["state"].in_use
         await asyncio.wait_for(asyncio.gather(*first), 5.0)  # cut at the deadline
         after = Sink()
-        await ex._on_state("QmSlow", reader_of(request), after)  # its slot is free again
+        await ex.service._on_state("QmSlow", reader_of(request), after)  # its slot is free again
         return ex, stalled, again, other, after, busy_while_stalled
 
     ex, stalled, again, other, after, busy = asyncio.run(go())
     assert all(len(s.data) <= 64 + 200 + WRITE_CHUNK and s.closed for s in stalled)  # a chunk, not the state
-    assert ex.guard.cut == 2 and busy == 2 and ex.guard.slots["state"].in_use == 0
+    assert ex.trust.guard.cut == 2 and busy == 2 and ex.trust.guard.slots["state"].in_use == 0
     loop = asyncio.new_event_loop()
     try:
         assert loop.run_until_complete(read(bytes(again.data), 0))[0] == {"status": "refused", "reason": "busy"}

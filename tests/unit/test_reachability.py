@@ -1,4 +1,4 @@
-"""Reachability (protocol/reachability.py) and what a client changes in the reducer choice (protocol/reducers.py,
+"""Reachability (protocol/reachability.py) and what a client changes in the reducer choice (protocol/rounds/reducers.py,
 node/peer/claims.py): pure parts, no network."""
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from pathswarm.node.peer.claims import groups_of, view_of
 from pathswarm.protocol.reachability import DialBack, listen_ports, observed_host, parse_ports, verdict
 from pathswarm.protocol.records import PathClaim
-from pathswarm.protocol.reducers import successors
+from pathswarm.protocol.rounds.reducers import successors
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.wire import WireError
 

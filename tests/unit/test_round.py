@@ -8,15 +8,10 @@ import pytest
 import torch
 
 from pathswarm.compression import ErrorFeedback, decode, encode
-from pathswarm.node.train.outer import OuterState, nesterov_step
-from pathswarm.node.train.round import (
-    RoundError,
-    close_round,
-    decode_mean,
-    make_contribution,
-    settle,
-)
-from pathswarm.protocol.aggregate import weighted_average
+from pathswarm.node.train.round import make_contribution, settle
+from pathswarm.protocol.rounds.merge import weighted_average
+from pathswarm.protocol.rounds.outer import OuterState, nesterov_step
+from pathswarm.protocol.rounds.rule import RoundError, close_round, decode_mean
 from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
 
 NUMEL = 4096
@@ -40,8 +35,7 @@ def copy(st: OuterState) -> OuterState:
 def by_hand(st: OuterState, mean: torch.Tensor) -> OuterState:
     out = copy(st)
     nesterov_step(out.anchor, out.momentum, mean, SPEC.outer, st.round)  # plain averaging in warm-up rounds
-    out.round += 1
-    return out
+    return OuterState(out.anchor, out.momentum, st.round + 1)
 
 
 def test_a_contribution_is_the_encoded_outer_gradient_and_remembers_what_settling_needs():
@@ -61,7 +55,7 @@ def test_a_contribution_is_the_encoded_outer_gradient_and_remembers_what_settlin
 
 
 def test_a_self_reported_token_count_weighs_at_most_max_weight():
-    from pathswarm.node.train.round import max_weight
+    from pathswarm.protocol.rounds.merge import max_weight
 
     st, cap = state(), max_weight(SPEC)
     assert cap == SPEC.inner.steps * SPEC.inner.batch_size * SPEC.model.context_len * 4
@@ -101,7 +95,8 @@ def test_close_round_screens_out_bad_frames_and_fails_when_none_is_left():
 
 
 def settle_case(status: str, overlap: bool, **kw):
-    """One member, one round: sent at `st`, inner steps since (overlap), the group's mean of it and a peer's."""
+    """One member, one round: sent at `st`, inner steps since (overlap), the group's mean of it and a peer's.
+    Returns the state after the round (the one before when nothing was applied) as `st`."""
     st, fb = state(), ErrorFeedback()
     sent = make_contribution(st, drift(st, 1), fb, SPEC.codec, tokens=500)
     peer = encode(st.anchor - drift(st, 2))
@@ -110,7 +105,8 @@ def settle_case(status: str, overlap: bool, **kw):
     before = copy(st)
     done = settle(st, sent, local_now, status, kw.pop("result_round", 3), kw.pop("frame", closed.mean_frame),
                   kw.pop("expected", closed.digest_after), SPEC.outer, codec=SPEC.codec, **kw)
-    return before, st, sent, closed, local_now, done
+    assert torch.equal(st.anchor, before.anchor) and st.round == before.round  # settle leaves its input as it was
+    return before, done.state or st, sent, closed, local_now, done
 
 
 @pytest.mark.parametrize("status", ["merged", "alone"])
@@ -175,5 +171,5 @@ def test_every_member_of_a_group_ends_bit_identical_to_the_reducers_digest():
         done = settle(s, sent[n], local, status, 3, closed.mean_frame, closed.digest_after, SPEC.outer,
                       codec=SPEC.codec)
         assert not done.diverged
-        digests.add(s.digest())
+        digests.add(done.state.digest())
     assert digests == {closed.digest_after}

@@ -10,7 +10,7 @@ from pathswarm.node.peer.claims import Groups
 from pathswarm.node.peer.config import NodeConfig, NodeStatus
 from pathswarm.node.peer.rounds import Rounds
 from pathswarm.node.train.worker import PathWorker
-from pathswarm.protocol.exchange import RoundResult
+from pathswarm.protocol.rounds.messages import RoundReply as RoundResult
 
 
 class _Exchange:
@@ -109,22 +109,20 @@ def test_a_reducer_does_not_wait_for_holders_whose_contributions_it_refuses(spec
     but its contributions are refused: counted, it would hold every such round open for the whole grace window
     (benchmarks/hostile.py's lying arm)."""
     from pathswarm.node.peer.node import Node
-    from pathswarm.node.peer.rounds import exchange_closer
-    from pathswarm.protocol.exchange import ModuleExchange
+    from pathswarm.protocol.rounds.exchange import ModuleExchange
 
     node = Node(NodeConfig(spec=spec, offline=True))
-    node.status.peer_id = "me"
-    node.exchange = ModuleExchange(spec, None, "me", {"shared": 10, "L0M0": 10}, lambda m: None,
-                                   exchange_closer(spec))
+    node.status.started_as("me")
+    node.exchange = node.seat.exchange = ModuleExchange(spec, None, "me", {"shared": 10, "L0M0": 10}, lambda m: None)
     holders = {"shared": ["a", "b", "liar", "me", "voted"], "L0M0": ["liar", "me"]}
     groups = Groups(holders, {m: tuple(p) for m, p in holders.items()}, {m: {} for m in holders})
-    node._use_groups(groups)
-    assert node.exchange.expected_holders == {"shared": 5, "L0M0": 2}
+    node.seat.use_groups(groups)
+    assert node.exchange.ctx.groups.expected == {"shared": 5, "L0M0": 2}
     node.exchange.distrust("liar", "its mean is not what its frames give")
-    node.exchange.voted_out = frozenset({"voted"})
-    node._use_groups(groups)
+    node.exchange.trust.voted_out = frozenset({"voted"})
+    node.seat.use_groups(groups)
     # the liar is refused; a peer only voted out (by a joiner's count) is still merged, so it still counts
-    assert node.exchange.expected_holders == {"shared": 4, "L0M0": 1}
+    assert node.exchange.ctx.groups.expected == {"shared": 4, "L0M0": 1}
 
 
 def test_a_blocking_poll_waits_for_the_round_sent_again_and_then_completes(spec, synthetic_docs):

@@ -103,7 +103,7 @@ def test_inner_training_never_rewrites_the_anchor(spec, synthetic_docs):
     w = PathWorker(spec, (0, 0), lambda: sampler.sample(2))
     w.train_inner(2)
     for mid in w.module_ids:
-        w.outer[mid].apply(w.pseudo_grad(mid), spec.outer)
+        w.outer[mid] = w.outer[mid].stepped(w.pseudo_grad(mid), spec.outer)
         w.set_flat(mid, w.outer[mid].anchor)
     anchors = {mid: w.outer[mid].anchor.clone() for mid in w.module_ids}
     w.train_inner(2)

@@ -10,13 +10,13 @@ import pytest
 import torch
 import zstandard
 
-from pathswarm.compression import CodecError, ErrorFeedback
-from pathswarm.compression.codecs import SparseCodec, encode_with
+from pathswarm.compression import CodecError, ErrorFeedback, SparseCodec, encode_with
 from pathswarm.compression.frame import checksum
 from pathswarm.compression.sparse import decode_sparse
-from pathswarm.node.train.outer import OuterState
-from pathswarm.node.train.round import audit_mean, close_round, encode_mean, make_contribution, settle
-from pathswarm.protocol.audit import frame_hash
+from pathswarm.node.train.round import make_contribution, settle
+from pathswarm.protocol.rounds.messages import frame_hash
+from pathswarm.protocol.rounds.outer import OuterState
+from pathswarm.protocol.rounds.rule import audit_mean, close_round, encode_mean
 from pathswarm.protocol.spec import CodecSpec, SpecError, SwarmSpec
 
 SPEC = SwarmSpec(name="sparse", levels=(1,), codec=CodecSpec(kind="sparse", chunk_size=64, k_per_chunk=4))
@@ -169,7 +169,7 @@ def test_a_sparse_round_keeps_replicas_identical_and_its_audit_catches_a_lie():
         done = settle(state, sent, local, "merged", 3, closed.mean_frame, closed.digest_after, SPEC.outer,
                       codec=SPEC.codec)
         assert done.applied and not done.diverged
-        digests.add(state.digest())
+        digests.add(done.state.digest())
     assert digests == {closed.digest_after}
     listed = [(n, t, frame_hash(f)) for n, (t, f) in frames.items()]
     assert audit_mean(frames, listed, closed.mean_frame, numel, SPEC, 0.0) is None
@@ -202,11 +202,11 @@ def test_what_a_sparse_frame_did_not_carry_stays_in_the_local_weights_or_in_the_
         if mode == "weights":  # Δ = carried + unsent; the weights keep the unsent part, the buffer stays empty
             assert torch.allclose(sent.unsent, (start.anchor - local) - carried, atol=1e-6)
             assert feedback.residual is None
-            assert torch.allclose(done.local, state.anchor - sent.unsent, atol=1e-6)
+            assert torch.allclose(done.local, done.state.anchor - sent.unsent, atol=1e-6)
         else:
             assert sent.unsent is None and torch.allclose(feedback.residual, (start.anchor - local) - carried,
                                                           atol=1e-6)
-            assert torch.equal(done.local, state.anchor)
+            assert torch.equal(done.local, done.state.anchor)
     # Weights mode, a late round (the mean of others applied, ours not in it): the whole Δ stays in the weights, no
     # buffer to restore; a failed round changes nothing.
     state = OuterState(start.anchor.clone(), start.momentum.clone(), 3)
@@ -215,7 +215,7 @@ def test_what_a_sparse_frame_did_not_carry_stays_in_the_local_weights_or_in_the_
                         before=state)
     done = settle(state, sent, local, "late", 3, other.mean_frame, other.digest_after, SPEC.outer, codec=SPEC.codec)
     assert done.applied and done.carried_tokens == 100 and done.restore_feedback and sent.feedback_before == {}
-    assert torch.allclose(done.local, state.anchor - (start.anchor - local), atol=1e-6)
-    before = state.digest()
+    assert torch.allclose(done.local, done.state.anchor - (start.anchor - local), atol=1e-6)
+    state, before = done.state, done.state.digest()
     done = settle(state, sent, local, "failed", 4, b"", "", SPEC.outer, codec=SPEC.codec)
     assert not done.applied and done.local is None and state.digest() == before

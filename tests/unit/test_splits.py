@@ -1,9 +1,10 @@
-"""Split detection (node/peer/splits.py) and the reducer candidates (protocol/reducers.py), by value."""
+"""Split detection (node/peer/splits.py) and the reducer candidates (protocol/rounds/reducers.py), by value."""
 
 import pytest
 
 from pathswarm.node.peer.splits import SplitWatch, lost_since, split_verdict
-from pathswarm.protocol.reducers import (
+from pathswarm.node.peer.vouch import Announced as A
+from pathswarm.protocol.rounds.reducers import (
     Stance,
     candidates,
     earlier,
@@ -14,24 +15,24 @@ from pathswarm.protocol.reducers import (
 
 
 def test_no_split_when_every_holder_at_our_round_has_our_digest():
-    anns = [("b", 5, "d1"), ("c", 5, "d1"), ("d", 4, "d0")]  # d is a round behind: not compared
+    anns = [A("b", 5, "d1"), A("c", 5, "d1"), A("d", 4, "d0")]  # d is a round behind: not compared
     assert split_verdict("shared", 5, "d1", "a", anns) is None
 
 
 def test_the_version_more_holders_announce_wins_and_only_the_losers_heal():
-    anns = [("b", 5, "dB"), ("c", 5, "dB"), ("d", 5, "dA")]
+    anns = [A("b", 5, "dB"), A("c", 5, "dB"), A("d", 5, "dA")]
     heal = split_verdict("shared", 5, "dA", "a", anns)  # a and d hold dA (2), b and c hold dB (2): a tie
     assert heal is None  # a tie: the smaller digest (dA, ours) wins
     heal = split_verdict("shared", 5, "dZ", "a", anns)  # alone with dZ against two holders of dB
     assert (heal.module, heal.round, heal.peer, heal.winner, heal.ours) == ("shared", 5, "b", "dB", "dZ")
-    assert split_verdict("shared", 5, "dB", "b", anns + [("a", 5, "dZ")]) is None  # the winner stays
+    assert split_verdict("shared", 5, "dB", "b", anns + [A("a", 5, "dZ")]) is None  # the winner stays
 
 
 def test_ids_we_do_not_count_decide_no_split():
     """Sybils (ids that never merged with us, nor claim our path) announcing a forged digest at our round used to win
     the split by numbers and make us re-sync from them."""
-    sybils = [(f"evil{i}", 5, "forged") for i in range(10)]
-    honest = [("b", 5, "dA"), ("c", 5, "dA")]
+    sybils = [A(f"evil{i}", 5, "forged") for i in range(10)]
+    honest = [A("b", 5, "dA"), A("c", 5, "dA")]
     assert split_verdict("shared", 5, "dA", "a", honest + sybils) is not None  # counting everyone: forged wins
     assert split_verdict("shared", 5, "dA", "a", honest + sybils, counted={"b", "c"}) is None
     heal = split_verdict("shared", 5, "dZ", "a", honest + sybils, counted={"b", "c"})  # a real split still heals
@@ -39,14 +40,14 @@ def test_ids_we_do_not_count_decide_no_split():
 
 
 def test_a_tie_is_broken_the_same_way_on_both_sides():
-    left = split_verdict("m", 3, "d1", "a", [("b", 3, "d2")])
-    right = split_verdict("m", 3, "d2", "b", [("a", 3, "d1")])
+    left = split_verdict("m", 3, "d1", "a", [A("b", 3, "d2")])
+    right = split_verdict("m", 3, "d2", "b", [A("a", 3, "d1")])
     assert left is None and right is not None and right.winner == "d1" and right.peer == "a"
 
 
 def test_each_split_round_is_healed_once_and_lost_tokens_are_those_from_the_split_on():
     watch = SplitWatch()
-    heal = split_verdict("m", 3, "d2", "b", [("a", 3, "d1")])
+    heal = split_verdict("m", 3, "d2", "b", [A("a", 3, "d1")])
     watch.observe(heal)
     watch.observe(heal)
     assert watch.take() == [heal] and watch.take() == []
@@ -70,8 +71,9 @@ def test_candidate_lists_from_peers_are_bounded_peer_ids(bad):
 
 
 def test_announcements_with_their_reducer_list_digest_are_read_as_well():
-    # What StateSync.announced hands the split watch: (peer, round, digest, reducer list digest). A split watch that
-    # unpacked three fields raised on every check ("too many values to unpack") and healed nothing (a suite run).
-    anns = [("b", 5, "dB", "l1"), ("c", 5, "dB", "l1"), ("d", 4, "dA", "l0")]
+    # What StateSync.announced hands the split watch: `Announced` (peer, round, digest, reducer list digest), read by
+    # name. A split watch that unpacked three fields of a plain tuple raised on every check ("too many values to
+    # unpack") and healed nothing (a suite run).
+    anns = [A("b", 5, "dB", "l1"), A("c", 5, "dB", "l1"), A("d", 4, "dA", "l0")]
     heal = split_verdict("shared", 5, "dZ", "a", anns)
     assert (heal.peer, heal.winner, heal.ours) == ("b", "dB", "dZ")

@@ -6,6 +6,7 @@ import math
 import pytest
 from click.testing import CliRunner
 
+from pathswarm.node.app.cli_tune import tune_command
 from pathswarm.node.train.tune import (
     SweepConfig,
     Trial,
@@ -17,7 +18,6 @@ from pathswarm.node.train.tune import (
     mean_losses,
     proxy_spec,
     sweep_report,
-    tune_command,
     with_inner_lr,
 )
 from pathswarm.protocol.spec import load_spec

@@ -1,32 +1,33 @@
 """Which announced state a node that is told it is behind may adopt (node/peer/vouch.py): a majority's, never one
 peer's."""
 
+from pathswarm.node.peer.vouch import Announced as A
 from pathswarm.node.peer.vouch import Vouched, counted_peers, majority_state, vouched_state
 
 HONEST = {"a", "b", "c"}
 
 
 def test_a_majority_of_counted_holders_vouches_for_a_later_state():
-    announced = [("a", 7, "d7"), ("b", 7, "d7"), ("c", 6, "d6"), ("me", 5, "d5")]
+    announced = [A("a", 7, "d7"), A("b", 7, "d7"), A("c", 6, "d6"), A("me", 5, "d5")]
     assert vouched_state(announced, "me", 5, HONEST) == Vouched(7, "d7", ("a", "b"))
 
 
 def test_one_peer_claiming_a_later_round_moves_nothing():
     # The hostile peer is not counted (never merged with us), however far ahead it claims to be.
-    announced = [("evil", 2**40, "ff"), ("a", 5, "d5"), ("b", 5, "d5")]
+    announced = [A("evil", 2**40, "ff"), A("a", 5, "d5"), A("b", 5, "d5")]
     assert vouched_state(announced, "me", 5, HONEST) is None
     # Counted or not, one voice of three is no majority; two of four is not either (a strict majority).
-    assert vouched_state([("a", 9, "x"), ("b", 5, "d5"), ("c", 5, "d5")], "me", 5, HONEST) is None
+    assert vouched_state([A("a", 9, "x"), A("b", 5, "d5"), A("c", 5, "d5")], "me", 5, HONEST) is None
     four = {"a", "b", "c", "d"}
-    assert vouched_state([("a", 9, "x"), ("b", 9, "x"), ("c", 5, "y"), ("d", 6, "z")], "me", 5, four) is None
+    assert vouched_state([A("a", 9, "x"), A("b", 9, "x"), A("c", 5, "y"), A("d", 6, "z")], "me", 5, four) is None
 
 
 def test_nothing_newer_than_ours_and_our_own_voice_are_ignored():
-    assert vouched_state([("a", 5, "d5"), ("b", 5, "d5")], "me", 5, HONEST) is None
-    assert vouched_state([("me", 9, "x"), ("a", 5, "d5")], "me", 5, HONEST | {"me"}) is None
+    assert vouched_state([A("a", 5, "d5"), A("b", 5, "d5")], "me", 5, HONEST) is None
+    assert vouched_state([A("me", 9, "x"), A("a", 5, "d5")], "me", 5, HONEST | {"me"}) is None
     assert vouched_state([], "me", 0, HONEST) is None
     # A peer's newest announcement is its vote (it may appear twice while a record is replaced).
-    twice = [("a", 6, "d6"), ("a", 8, "d8"), ("b", 8, "d8")]
+    twice = [A("a", 6, "d6"), A("a", 8, "d8"), A("b", 8, "d8")]
     assert vouched_state(twice, "me", 5, HONEST) == Vouched(8, "d8", ("a", "b"))
 
 
@@ -40,13 +41,13 @@ def test_counted_peers_are_those_we_merged_with_else_the_claims():
 def test_the_majority_state_is_what_a_node_told_it_is_out_of_sync_compares_with_its_own():
     """An `out_of_sync` answer or a digest mismatch names our own round: StateSync.resync adopts the majority's state
     when it is another digest at our round (or later), keeps ours when the majority holds ours."""
-    group = [("a", 5, "g5"), ("b", 5, "g5"), ("c", 5, "mine")]
+    group = [A("a", 5, "g5"), A("b", 5, "g5"), A("c", 5, "mine")]
     assert majority_state(group, "me", HONEST) == Vouched(5, "g5", ("a", "b"))
     assert vouched_state(group, "me", 5, HONEST) is None  # only later rounds move a node told it is behind
-    assert majority_state([("a", 5, "mine"), ("b", 5, "mine"), ("c", 6, "z")], "me", HONEST) == Vouched(
+    assert majority_state([A("a", 5, "mine"), A("b", 5, "mine"), A("c", 6, "z")], "me", HONEST) == Vouched(
         5, "mine", ("a", "b"))
-    assert majority_state([("a", 5, "p"), ("b", 6, "q")], "me", HONEST) is None
-    assert majority_state([("evil", 9, "x"), ("evil2", 9, "x"), ("a", 5, "g5")], "me", HONEST) == Vouched(
+    assert majority_state([A("a", 5, "p"), A("b", 6, "q")], "me", HONEST) is None
+    assert majority_state([A("evil", 9, "x"), A("evil2", 9, "x"), A("a", 5, "g5")], "me", HONEST) == Vouched(
         5, "g5", ("a",))  # uncounted ids are not votes
 
 
@@ -57,7 +58,7 @@ def test_a_joiner_leaves_out_a_peer_most_holders_caught_lying_and_nothing_else()
     votes = {"a": ("liar",), "b": ("liar",), "liar": ("a",)}
     assert voted_out(votes, {"a", "b", "liar", "me"}, "me") == {"liar"}
     # With it left out, one honest holder of a module the liar also holds is a majority of the rest.
-    anns = [("a", 12, "d-honest"), ("liar", 12, "d-liar")]
+    anns = [A("a", 12, "d-honest"), A("liar", 12, "d-liar")]
     counted = counted_peers((), {"a", "liar"}, "me", voted_out(votes, {"a", "b", "liar"}, "me"))
     assert vouched_state(anns, "me", 0, counted) == Vouched(12, "d-honest", ("a",))
     assert vouched_state(anns, "me", 0, counted_peers((), {"a", "liar"}, "me")) is None  # a tie without the votes
@@ -69,18 +70,18 @@ def test_a_joiner_leaves_out_a_peer_most_holders_caught_lying_and_nothing_else()
 
 
 def test_the_reducer_list_a_download_must_bring_is_the_one_most_of_the_states_announcers_hold():
-    from pathswarm.protocol.reducers import list_digest
+    from pathswarm.protocol.rounds.reducers import list_digest
 
     honest, forged = list_digest(("a", "b")), list_digest(("liar", "a", "b"))
     assert honest != forged and len(honest) == 64
     # The liar holds the same state (it re-synced from the others) but announces, and would serve, its own list.
-    anns = [("a", 7, "d7", honest), ("b", 7, "d7", honest), ("liar", 7, "d7", forged)]
+    anns = [A("a", 7, "d7", honest), A("b", 7, "d7", honest), A("liar", 7, "d7", forged)]
     got = majority_state(anns, "me", {"a", "b", "liar"})
     assert got == Vouched(7, "d7", ("a", "b", "liar"), honest)
     # No majority on a list (or announcements from before the field): no list is required, the state still is.
-    split = [("a", 7, "d7", honest), ("liar", 7, "d7", forged)]
+    split = [A("a", 7, "d7", honest), A("liar", 7, "d7", forged)]
     assert majority_state(split, "me", {"a", "liar"}) == Vouched(7, "d7", ("a", "liar"), "")
-    assert majority_state([("a", 7, "d7"), ("b", 7, "d7")], "me", {"a", "b"}) == Vouched(7, "d7", ("a", "b"), "")
+    assert majority_state([A("a", 7, "d7"), A("b", 7, "d7")], "me", {"a", "b"}) == Vouched(7, "d7", ("a", "b"), "")
 
 
 def test_a_download_with_another_reducer_list_than_the_vouched_one_is_refused(synthetic_docs):
@@ -88,13 +89,12 @@ def test_a_download_with_another_reducer_list_than_the_vouched_one_is_refused(sy
 
     from pathswarm.node.model.data import TokenSampler
     from pathswarm.node.peer.config import NodeStatus
-    from pathswarm.node.peer.rounds import exchange_closer
     from pathswarm.node.peer.state_sync import StateSync
-    from pathswarm.node.train.outer import state_digest
     from pathswarm.node.train.worker import PathWorker
-    from pathswarm.protocol.exchange import LocalState, ModuleExchange
     from pathswarm.protocol.netloop import NetLoop
-    from pathswarm.protocol.reducers import list_digest
+    from pathswarm.protocol.rounds.exchange import ModuleExchange
+    from pathswarm.protocol.rounds.outer import OuterState, state_digest
+    from pathswarm.protocol.rounds.reducers import list_digest
     from pathswarm.protocol.spec import ModelSpec, SwarmSpec
 
     spec = SwarmSpec(levels=(1,), model=ModelSpec(width=32, base_width=32, n_heads=2, layers_per_module=1,
@@ -102,14 +102,14 @@ def test_a_download_with_another_reducer_list_than_the_vouched_one_is_refused(sy
     sampler = TokenSampler(synthetic_docs, spec.model.context_len, seed=0)
     worker = PathWorker(spec, (0,), lambda: sampler.sample(2))
     numels = {m: worker.flat(m).numel() for m in worker.module_ids}
-    exchange = ModuleExchange(spec, None, "me", numels, lambda m: None, exchange_closer(spec))
+    exchange = ModuleExchange(spec, None, "me", numels, lambda m: None)
     anchor = torch.full((numels["shared"],), 0.5)
     momentum = torch.zeros_like(anchor)
     digest = state_digest(anchor, momentum, 7)
     served = {"a": ("a", "b"), "liar": ("liar", "a", "b")}  # the same state, each with its own list
 
     async def fetch_state(peer, module, timeout_s):
-        return LocalState(7, digest, anchor.clone(), momentum.clone(), served[peer])
+        return OuterState(anchor.clone(), momentum.clone(), 7, served[peer])
 
     exchange.fetch_state = fetch_state  # the exchange's own download is tested end to end (tests/swarm)
     net = NetLoop()

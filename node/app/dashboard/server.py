@@ -115,7 +115,7 @@ class Dashboard:
                 loop.run_until_complete(self._runner.setup())
                 site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
                 loop.run_until_complete(site.start())
-                self.port = site._server.sockets[0].getsockname()[1]  # the port picked when asked for 0
+                self.port = self._runner.addresses[0][1]  # the port picked when asked for 0
             except BaseException as e:  # noqa: BLE001 - reported to start()'s caller
                 failure.append(e)
                 started.set()

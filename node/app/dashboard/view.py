@@ -36,7 +36,7 @@ def number(value: Any) -> float | int | None:
     return value if isinstance(value, int) or math.isfinite(value) else None
 
 
-def _merge_rounds(kept: dict[int, float], pairs: list, limit: int = MAX_ROUNDS_KEPT) -> None:
+def _merge_rounds(kept: dict[int, Any], pairs: list, limit: int = MAX_ROUNDS_KEPT) -> None:
     for r, v in pairs:
         if number(r) is not None and number(v) is not None:
             kept[int(r)] = v

@@ -1,54 +1,35 @@
-"""The one seam to hivemind: a peer's DHT and the p2p daemon under it (start, stop, values, streams).
+"""Starting a peer: hivemind's DHT process and its p2pd, joined to `initial_peers`, or a typed error saying why not.
 
-`start_net` starts hivemind's DHT process (which runs p2pd), joins `initial_peers` and returns a
-`SwarmNet`: this peer's id and addresses, DHT time, plain values stored and read under keys and
-signed subkeys, and libp2p streams to other peers (`PeerStreams`). The node, the joiner and the
-bootstrap peer all start through it. When the daemon or the DHT cannot start, it raises one of the
-`NetStartError`s below, whose message tells the user what to check; hivemind's and p2pd's own error
-text is inspected here, once, and nowhere else.
-
-Together with protocol/_hivemind_records.py (the record validator the DHT process runs), this is the
-only code that imports hivemind: the rest of pathswarm reaches the network through these names.
-
-Identity: `start_net` hands one RSA key to p2pd (as hivemind's `identity_path`) and to the record
-signatures, so a record's `peer_id` can be checked against the key that signed it. A node that keeps
-its identity file across restarts keeps its peer id and its subkey.
-
-Network: p2pd listens on `host_maddrs` (default 127.0.0.1, port 0) with NAT port mapping, AutoNAT,
-relays and IPFS bootstrap off, so it contacts only the addresses it is given.
+`start_net` hands one RSA key to p2pd (as hivemind's `identity_path`) and to the record signatures, so a
+record's `peer_id` can be checked against the key that signed it. p2pd listens on `host_maddrs` (default
+127.0.0.1, port 0) with NAT port mapping, AutoNAT, relays and IPFS bootstrap off, so it contacts only the
+addresses it is given. When the daemon or the DHT cannot start, it raises one of the `NetStartError`s below,
+whose message tells the user what to check; hivemind's and p2pd's own error text is inspected here, once,
+and nowhere else.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import os
 import re
 import signal
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import hivemind
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.validation import RecordValidatorBase
-from hivemind.p2p import P2P, PeerID
-from hivemind.proto import crypto_pb2
-from hivemind.utils import ValueWithExpiration, get_dht_time
-from hivemind.utils.crypto import RSAPrivateKey
 from multiaddr import Multiaddr
 
-from pathswarm.protocol._hivemind_records import SwarmRecordValidator, peer_id_of_owner
-from pathswarm.protocol.records import FIXED_TTL_S, served_key
+from pathswarm.protocol.net.identity import generate_identity, load_identity
+from pathswarm.protocol.net.swarm_net import SwarmNet
+from pathswarm.protocol.net.validator import SwarmRecordValidator
 from pathswarm.protocol.spec import SwarmSpec
-from pathswarm.protocol.wire import NotServingYetError
 
 LOOPBACK_MADDRS = ("/ip4/127.0.0.1/tcp/0",)
 """Where a peer listens unless told otherwise: loopback, a free port."""
-SERVED_TTL_S = FIXED_TTL_S
-"""How long a bootstrap peer's "I serve swarm X" lasts (it renews it well before)."""
 
 
 # ---- why a peer did not start ----------------------------------------------------------------------
@@ -74,159 +55,6 @@ class DaemonStartError(NetStartError):
 
 class WrongSwarmError(NetStartError):
     """An initial peer is a bootstrap peer of another swarm."""
-
-
-def dht_time() -> float:
-    """Seconds since the epoch, as every DHT peer stamps expirations (hivemind's DHT time)."""
-    return get_dht_time()
-
-
-# ---- identity files ----------------------------------------------------------------------------------
-def generate_identity(path: str) -> None:
-    """Write a fresh RSA libp2p identity (protobuf) to `path`, mode 0400."""
-    P2P.generate_identity(path)
-
-
-def peer_id_of_identity_bytes(data: bytes) -> str:
-    """The peer id (base58) a libp2p identity file's bytes give; ValueError if they are not one."""
-    try:
-        return PeerID.from_identity(data).to_base58()
-    except Exception:  # protobuf / key parsing raise assorted types
-        raise ValueError("not a libp2p identity file") from None
-
-
-def _load_identity(path: str) -> RSAPrivateKey:
-    with open(path, "rb") as f:
-        pb = crypto_pb2.PrivateKey.FromString(f.read())
-    if pb.key_type != crypto_pb2.RSA:
-        raise ValueError(f"{path}: identity is not an RSA key (hivemind's record signatures need one)")
-    key = RSAPrivateKey.__new__(RSAPrivateKey)
-    key.__setstate__({"_private_key": pb.data})  # hivemind's own unpickling: DER PKCS#1 → key
-    return key
-
-
-# ---- streams -------------------------------------------------------------------------------------------
-StreamHandler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-"""(the caller's peer id, as libp2p authenticated it; reader; writer) → None. It must close the writer."""
-
-
-class PeerStreams:
-    """Binary libp2p streams to and from peers, over this peer's p2pd. Use it on the event loop that
-    made it (`SwarmNet.streams()`)."""
-
-    def __init__(self, p2p: P2P):
-        self._p2p = p2p
-
-    async def serve(self, name: str, handler: StreamHandler) -> None:
-        """Answer streams opened to `name` with `handler`."""
-
-        async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await handler(info.peer_id.to_base58(), reader, writer)
-
-        await self._p2p.add_binary_stream_handler(name, on_stream)
-
-    async def serve_with_address(self, name: str, handler: Callable[[str, str, asyncio.StreamReader,
-                                                                      asyncio.StreamWriter], Awaitable[None]]) -> None:
-        """Like `serve`, the handler also getting the multiaddr the caller's connection comes from (as p2pd saw
-        it: behind NAT, the router's address)."""
-
-        async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await handler(info.peer_id.to_base58(), str(info.addr), reader, writer)
-
-        await self._p2p.add_binary_stream_handler(name, on_stream)
-
-    async def open(self, peer_id: str, name: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """Open a stream to `peer_id`'s handler `name`; NotServingYetError if the peer is up without that handler,
-        other (assorted) types if it cannot be reached."""
-        try:
-            _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), name)
-        except Exception as e:
-            if "protocols not supported" in str(e):  # p2pd's words when the protocol negotiation finds no handler
-                raise NotServingYetError(f"{peer_id[-8:]} does not serve {name} (yet)") from None
-            raise
-        return reader, writer
-
-
-# ---- a running peer -----------------------------------------------------------------------------------
-class SwarmNet:
-    """A running DHT peer and its p2p daemon, with the owner subkey its records are signed under."""
-
-    def __init__(self, dht: hivemind.DHT, owner: bytes, peer_id: str, membership: str = ""):
-        self.dht = dht
-        """hivemind's DHT itself: for tests that attack hivemind directly."""
-        self.owner = owner
-        """`[owner:<ssh-rsa key>]`: the subkey of every record this peer writes."""
-        self.peer_id = peer_id
-        """This peer's libp2p id (base58), equal to `peer_id_of_owner(self.owner)`."""
-        self.membership = membership
-        """This peer's membership certificate (private swarms), attached to every record it writes."""
-        self.client_mode = False
-        """A client answers no DHT requests (it cannot be dialed): protocol/reachability.py."""
-        self.reachable: bool | None = None
-        """Whether a peer could dial this one back (None: not measured)."""
-
-    def visible_maddrs(self) -> list[str]:
-        """Multiaddrs other peers can join through (pass them as `initial_peers`)."""
-        return [str(m) for m in self.dht.get_visible_maddrs()]
-
-    @staticmethod
-    def dht_time() -> float:
-        return dht_time()
-
-    def store(self, key: str, value: Any, expires_at: float, subkey: bytes | None = None) -> bool:
-        """Store a msgpack-able value under key (and subkey: signed with our key when it is `self.owner`)
-        until expires_at (DHT time); True if some peer accepted it."""
-        return bool(self.dht.store(key, value, expires_at, subkey=subkey))
-
-    def get(self, key: str, timeout_s: float | None = None) -> Any:
-        """The newest value under key, None if there is none; a key written under subkeys gives
-        {subkey: value}. Untrusted: whatever a peer stored. With timeout_s, raises TimeoutError when the
-        DHT has not answered by then (a lookup that meets a dead peer waits for that peer's RPC timeout)."""
-        if timeout_s is None:
-            found = self.dht.get(key, latest=True)
-        else:
-            try:
-                found = self.dht.get(key, latest=True, return_future=True).result(timeout=timeout_s)
-            except concurrent.futures.TimeoutError:
-                raise TimeoutError(f"the DHT did not answer within {timeout_s:g} s") from None
-        value = getattr(found, "value", None)
-        if isinstance(value, dict) and value and all(isinstance(v, ValueWithExpiration) for v in value.values()):
-            return {subkey: item.value for subkey, item in value.items()}
-        return value
-
-    async def streams(self) -> PeerStreams:
-        """Streams to and from peers over this peer's p2pd, for the calling event loop (await it there)."""
-        return PeerStreams(await self.dht.replicate_p2p())
-
-    # which swarm a bootstrap peer serves: read by a joiner before anything else
-    def announce_served_swarm(self, spec: SwarmSpec) -> bool:
-        """A bootstrap peer publishes the id and name of the swarm it serves (renew within SERVED_TTL_S), signed:
-        nobody else can make joiners believe it serves another swarm."""
-        value = {"swarm_id": spec.swarm_id, "name": spec.name[:200]}
-        return self.store(served_key(self.peer_id), value, self.dht_time() + SERVED_TTL_S, subkey=self.owner)
-
-    def served_swarm(self, peer_id: str) -> tuple[str, str] | None:
-        """(swarm id, name) a bootstrap peer announced, or None (a plain DHT peer announces nothing). Only the entry
-        signed by `peer_id` itself counts (a reader without the swarm's validator checks that here)."""
-        found = self.get(served_key(peer_id))
-        own = [v for k, v in found.items() if isinstance(k, bytes) and peer_id_of_owner(k) == peer_id] \
-            if isinstance(found, dict) else []
-        value = own[0] if len(own) == 1 else None
-        if not isinstance(value, dict) or not isinstance(value.get("swarm_id"), str):
-            return None
-        swarm_id, name = value["swarm_id"], value.get("name")
-        if not re.fullmatch(r"[0-9a-f]{64}", swarm_id):
-            return None
-        return swarm_id, name if isinstance(name, str) else ""
-
-    def shutdown(self) -> None:
-        self.dht.shutdown()
-
-    def __enter__(self) -> SwarmNet:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
 
 
 # ---- the start chain ------------------------------------------------------------------------------------
@@ -338,7 +166,7 @@ def _start(
         path = identity_path or os.path.join(tmp, "identity.key")
         if not os.path.isfile(path):
             generate_identity(path)  # an RSA key in libp2p's protobuf form, mode 0400
-        private_key = _load_identity(path)
+        private_key = load_identity(path)
         validators: list[RecordValidatorBase] = [RSASignatureValidator(private_key)]
         if spec is not None:
             validators.append(SwarmRecordValidator(spec))

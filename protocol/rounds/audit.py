@@ -2,9 +2,9 @@
 
 No reducer is trusted alone (docs/SECURITY.md). A round's result lists every contribution the reducer merged as
 (peer, tokens, sha256 of the frame): each member finds its own entry there or knows the reducer misreported it
-(protocol/exchange.py). Members also audit rounds at random, with local randomness the reducer cannot predict
+(protocol/rounds/member.py). Members also audit rounds at random, with local randomness the reducer cannot predict
 (node/peer/audit.py): they fetch the listed frames from the reducer (`fetch_frames`), check that they hash to
-the list the reducer sent everybody, and recompute the round rule's mean (node/train/round.py `audit_mean`).
+the list the reducer sent everybody, and recompute the round rule's mean (protocol/rounds/rule.py `audit_mean`).
 A mean that does not match is a proof anyone in the group can check: the auditor stops trusting the reducer and
 alerts the round's other contributors (`send_alert`); each of them fetches the frames from the auditor and checks
 them against the result *it* received before it stops trusting the reducer too. An alert alone moves nothing.
@@ -16,7 +16,6 @@ audit; an alert is one small message per contributor, and only on a proven lie.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import threading
 from collections import deque
@@ -24,7 +23,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pathswarm.protocol.wire import Traffic, WireError, field_of, read_message, write_message
+from pathswarm.protocol.rounds.messages import (
+    MAX_LISTED,
+    Ack,
+    AlertRequest,
+    FrameHeader,
+    FramesReply,
+    FramesRequest,
+)
+from pathswarm.protocol.wire import Traffic, WireError, read_message, write_message
 
 if TYPE_CHECKING:
     from pathswarm.protocol.net import PeerStreams
@@ -33,45 +40,8 @@ logger = logging.getLogger(__name__)
 
 FRAMES_KEPT = 2
 """Rounds per module whose merged frames a reducer (or an auditor that fetched them) keeps for audits."""
-MAX_LISTED = 1024
-"""Most contributions a result may list (as many as a result's contributors)."""
 ALERTS_KEPT = 64
 """Alerts waiting to be checked; more are dropped (an alert costs its receiver a download)."""
-
-FrameEntry = tuple[str, int, str]
-"""(peer, tokens, sha256 hex of its frame): one contribution as a result lists it."""
-
-
-def frame_hash(frame: bytes) -> str:
-    return hashlib.sha256(frame).hexdigest()
-
-
-def parse_frame_list(value: object) -> tuple[FrameEntry, ...]:
-    """A result's list of merged frames, received from a peer (untrusted): ValueError unless it is a list of at
-    most MAX_LISTED [peer id, positive int, 64 hex digits], peers distinct."""
-    if not isinstance(value, list) or len(value) > MAX_LISTED:
-        raise ValueError("the frame list is not a bounded list")
-    out = []
-    for item in value:
-        if not (isinstance(item, list) and len(item) == 3):
-            raise ValueError("a frame entry is not [peer, tokens, hash]")
-        peer, tokens, digest = item
-        if not (isinstance(peer, str) and 0 < len(peer) <= 128 and peer.isalnum()):
-            raise ValueError("a frame entry's peer is not a peer id")
-        if not (isinstance(tokens, int) and not isinstance(tokens, bool) and 0 < tokens <= 1 << 53):
-            raise ValueError("a frame entry's token count is out of range")
-        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
-            raise ValueError("a frame entry's hash is not sha256 hex")
-        out.append((peer, tokens, digest))
-    if len({p for p, _, _ in out}) != len(out):
-        raise ValueError("a peer is listed twice")
-    return tuple(out)
-
-
-def list_frames(frames: dict[str, tuple[int, bytes]], used: tuple[str, ...] | list[str]) -> tuple[FrameEntry, ...]:
-    """The list a result carries: the merged peers' (peer, tokens as sent, frame hash), in the order of `used`."""
-    return tuple((p, frames[p][0], frame_hash(frames[p][1])) for p in used)
-
 
 @dataclass(frozen=True)
 class Alert:
@@ -136,6 +106,7 @@ class AuditService:
         self.alert_name = f"pathswarm.{prefix}.alert"
 
     async def start(self) -> None:
+        assert self.streams is not None
         await self.streams.serve(self.frames_name, self._on_frames)
         await self.streams.serve(self.alert_name, self._on_alert)
 
@@ -144,20 +115,20 @@ class AuditService:
             header, _ = await read_message(reader, 0, self.traffic)
             if not await self.admit(header, sender, reader, writer):
                 return
-            module, round_ = field_of(header, "module", str), field_of(header, "round", int)
+            ask = FramesRequest.parse(header)
+            module, round_ = ask.module, ask.round
             frames = self.store.get(module, round_) if module in self.numels else None
             # Only the round's own members may read its frames (its contributors, who audit it and whom an auditor
             # alerts, and those that got it late and apply it too): members' outer gradients are not the whole
             # swarm's to read.
             if frames is None or not self.store.may_read(module, round_, sender):
-                await write_message(writer, {"status": "missing"}, b"", self.traffic)
+                await write_message(writer, FramesReply("missing").header(), b"", self.traffic)
                 return
-            skip = header.get("skip")  # the asker's own frame: it has it
-            frames = {p: f for p, f in frames.items() if p != skip}
-            await write_message(writer, {"status": "ok", "count": len(frames)}, b"", self.traffic)
+            frames = {p: f for p, f in frames.items() if p != ask.skip}  # the asker's own frame: it has it
+            await write_message(writer, FramesReply("ok", len(frames)).header(), b"", self.traffic)
             for peer in sorted(frames):
                 tokens, frame = frames[peer]
-                await write_message(writer, {"peer": peer, "tokens": tokens}, b"", self.traffic)
+                await write_message(writer, FrameHeader(peer, tokens).header(), b"", self.traffic)
                 await write_message(writer, {}, frame, self.traffic)
 
         await self.serve("frames", sender, reader, writer, body)
@@ -171,24 +142,27 @@ class AuditService:
         limit = self.frame_limit(module)
 
         async def go() -> dict[str, tuple[int, bytes]] | None:
+            assert self.streams is not None
             reader, writer = await self.streams.open(peer, self.frames_name)
             try:
-                await write_message(writer, {"module": module, "round": round_, "skip": skip,
-                                             "membership": self.membership}, b"", self.traffic)
+                await write_message(writer, FramesRequest(module, round_, skip, self.membership).header(), b"",
+                                    self.traffic)
                 header, _ = await read_message(reader, 0, self.traffic)
-                if header.get("status") != "ok":
+                reply = FramesReply.parse(header)
+                if reply.status != "ok":
                     return None
-                count = field_of(header, "count", int)
+                count = reply.count
                 if count != len(expected - {skip}):
                     raise WireError(f"{count} frames, the result lists {len(expected - {skip})}")
                 out: dict[str, tuple[int, bytes]] = {}
                 for _ in range(count):
                     h, _ = await read_message(reader, 0, self.traffic)  # which frame comes next, then the frame
-                    contributor = field_of(h, "peer", str)
+                    entry = FrameHeader.parse(h)
+                    contributor = entry.peer
                     if contributor not in expected or contributor in out or contributor == skip:
                         raise WireError("a frame the result does not list")
                     _, frame = await read_message(reader, limit, self.traffic)
-                    out[contributor] = (field_of(h, "tokens", int), frame)
+                    out[contributor] = (entry.tokens, frame)
                 return out
             finally:
                 writer.close()
@@ -204,11 +178,10 @@ class AuditService:
             header, _ = await read_message(reader, 0, self.traffic)
             if not await self.admit(header, sender, reader, writer):
                 return
-            module, round_ = field_of(header, "module", str), field_of(header, "round", int)
-            reducer = field_of(header, "reducer", str)[:128]
-            if module in self.numels:
-                self.alerts.append(Alert(sender, module, round_, reducer))
-            await write_message(writer, {"status": "ok"}, b"", self.traffic)
+            alert = AlertRequest.parse(header)
+            if alert.module in self.numels:
+                self.alerts.append(Alert(sender, alert.module, alert.round, alert.reducer))
+            await write_message(writer, Ack().header(), b"", self.traffic)
 
         await self.serve("alert", sender, reader, writer, body)
 
@@ -217,10 +190,11 @@ class AuditService:
 
         async def one(peer: str) -> bool:
             async def go() -> None:
+                assert self.streams is not None
                 reader, writer = await self.streams.open(peer, self.alert_name)
                 try:
-                    await write_message(writer, {"module": module, "round": round_, "reducer": reducer,
-                                                 "membership": self.membership}, b"", self.traffic)
+                    await write_message(writer, AlertRequest(module, round_, reducer, self.membership).header(), b"",
+                                        self.traffic)
                     await read_message(reader, 0, self.traffic)
                 finally:
                     writer.close()

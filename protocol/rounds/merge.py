@@ -1,6 +1,6 @@
 """How a module group's outer gradients become one: screening each contribution, then a robust mean.
 
-Pure math over decoded tensors (no networking): the reducer of a round (protocol/exchange.py) and the
+Pure math over decoded tensors (no networking): the reducer of a round (protocol/rounds/rule.py) and the
 simulator (node/train/simulate.py) call the same `merge`, so benchmarks measure the rule the swarm runs.
 
 1. Screening. A contribution is rejected, with its peer and a reason, if its frame does not decode,
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pathswarm.compression import CodecError, decode
+from pathswarm.protocol.spec import SwarmSpec
 
 
 def _decode_int8(frame, max_elements: int) -> torch.Tensor:
@@ -122,7 +123,7 @@ def merge(contributions: Sequence[tuple[str, int, bytes]], numel: int, *, norm_b
           decode=None) -> Merged:
     """Decode, screen and robustly average (peer, tokens, codec frame) contributions, in the order given;
     `reference`: the history norm that bounds groups of fewer than 3 (`screen`); `decode(frame, max_elements)`:
-    the swarm's codec (compression/codecs.py; default blockwise int8), raising CodecError for a bad frame."""
+    the swarm's codec (compression/registry.py; default blockwise int8), raising CodecError for a bad frame."""
     decode = decode or _decode_int8
     deltas: list[torch.Tensor | None] = []
     early: list[str | None] = []
@@ -143,11 +144,13 @@ def merge(contributions: Sequence[tuple[str, int, bytes]], numel: int, *, norm_b
     # included, so the used ones alone would screen differently); the small-group clip below still applies.
     reasons = [e or r for e, r in zip(early, screen(deltas, norm_bound if screen_norms else 0.0), strict=True)]
     out = Merged(None)
-    kept, weights = [], []
+    kept: list[torch.Tensor] = []
+    weights: list[int] = []
     for (peer, tokens, _), delta, reason in zip(contributions, deltas, reasons, strict=True):
         if reason is not None:
             out.rejected.append((peer, reason))
             continue
+        assert delta is not None  # no reason to reject it: it decoded
         kept.append(delta)
         weights.append(tokens)
         out.used.append(peer)
@@ -162,3 +165,26 @@ def merge(contributions: Sequence[tuple[str, int, bytes]], numel: int, *, norm_b
         out.mean = centered_clip(kept, weights, clip_factor, clip_iterations)
         out.tokens = int(sum(weights))
     return out
+
+
+CARRIED_ROUNDS_WEIGHED = 4
+"""A contribution weighs at most this many rounds' tokens (see `max_weight`)."""
+
+
+def max_weight(spec: SwarmSpec) -> int:
+    """The most tokens one contribution may weigh in a mean: what one node trains in CARRIED_ROUNDS_WEIGHED rounds
+    (H × batch × context each; a late or failed round carries its tokens into the next). Token counts are
+    self-reported: without a cap one peer claiming 2^53 tokens would own the weighted mean (docs/SECURITY.md)."""
+    return spec.inner.steps * spec.inner.batch_size * spec.model.context_len * CARRIED_ROUNDS_WEIGHED
+
+
+def merge_round(contributions: Sequence[tuple[str, int, bytes]], numel: int, spec: SwarmSpec, reference: float,
+           screen_norms: bool = True) -> Merged:
+    """The round rule's merge of (peer, tokens, frame) contributions: each weighed by its tokens capped at
+    `max_weight(spec)`, in sorted peer-id order, decoded with the spec's codec, screened and robustly averaged."""
+    cap = max_weight(spec)
+    ordered = sorted(((peer, min(tokens, cap), frame) for peer, tokens, frame in contributions), key=lambda c: c[0])
+    avg = spec.averaging
+    return merge(ordered, numel, norm_bound=avg.norm_bound, clip_factor=avg.clip_factor,
+                 clip_iterations=avg.clip_iterations, reference=reference, screen_norms=screen_norms,
+                 decode=spec.codec.contribution_codec().decode)

@@ -1,4 +1,4 @@
-"""encode / decode: a float tensor to one checked frame of blockwise int8 + zstd, and back.
+"""The int8 codec's encode / decode: a float tensor to one checked frame of blockwise int8 + zstd, and back.
 
 encode: quantise into a reused int8 buffer (quantize.py) → zstd reads it in place and streams into a
 reused frame buffer → header, scales and CRC around it (frame.py) → one copy out as `bytes`.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import IO, cast
 
 import numpy as np
 import torch
@@ -89,7 +90,7 @@ def check_encode_args(tensor, block_size, zstd_level, target_error, zstd_threads
         raise ValueError(f"zstd_threads must be a non-negative integer, got {zstd_threads!r}")
 
 
-def encode_values(values: torch.Tensor, shape: torch.Size, dtype: torch.dtype, *, block_size: int,
+def encode_values(values: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, *, block_size: int,
                   zstd_level: int, target_error: float, zstd_threads: int,
                   want_decoded: bool = False) -> tuple[bytes, torch.Tensor | None]:
     """Frame for the flat CPU tensor `values` declared as (shape, dtype); arguments already checked.
@@ -104,11 +105,12 @@ def encode_values(values: torch.Tensor, shape: torch.Size, dtype: torch.dtype, *
         # zstd reads the int8 values in place and streams its output into the frame buffer. (Feeding
         # it chunk by chunk as they are quantised was measured slower: the two evict each other's cache.)
         if n:
-            with _zstd_compressor(zstd_level, zstd_threads).stream_writer(writer, size=n, closefd=False) as zw:
-                zw.write(q_np)
+            sink = cast(IO[bytes], writer)  # FrameWriter has the one method zstd calls, write
+            with _zstd_compressor(zstd_level, zstd_threads).stream_writer(sink, size=n, closefd=False) as zw:
+                zw.write(q_np.data)
 
     def scale_bytes() -> memoryview:
-        return memoryview(scales.to(torch.bfloat16).view(torch.int16).numpy()).cast("B")
+        return scales.to(torch.bfloat16).view(torch.int16).numpy().data.cast("B")
 
     header = FrameHeader(dtype=dtype, shape=tuple(shape), block_size=block_size, payload_bytes=0)
     frame = _thread_state().writer.frame(header, write_payload, scale_bytes,

@@ -7,8 +7,8 @@ can overwrite or withdraw another peer's claim. On top of it `SwarmRecordValidat
 of the swarm refuse, on store and on read, a record that is unsigned, malformed, off the spec, written in
 the name of another peer id, too large, expiring too far ahead, or under a key that is not the swarm's.
 
-Private to protocol/: with protocol/net.py, the only code that imports hivemind (the validator must
-subclass hivemind's, and runs inside hivemind's DHT process). protocol/dht.py re-exports the names.
+Part of protocol/net/, the only package that imports hivemind (the validator must subclass hivemind's, and
+runs inside hivemind's DHT process). protocol/dht.py re-exports the names.
 """
 
 from __future__ import annotations

@@ -1,0 +1,154 @@
+"""The module exchange as the node sees it: one facade over the round's parts, with methods, not attributes.
+
+For each (module, outer round) one holder reduces (reducer.py): the head of the candidate list the previous
+round's result named (reducers.py), asking the candidates before it first (stance.py). Every holder sends it one
+codec frame with its token count and the digest of its state before the round (member.py); the reducer closes
+the round by the round rule (rule.py), encodes the mean **once**, and every member decodes those same bytes, so
+all apply the identical outer step and must reach the digest the result names. No reducer is trusted alone
+(audit.py, trust.py): results list their merged frames, members check their own entry and audit rounds at random.
+Also served: module states for joiners (service.py).
+
+The node calls these methods from its training thread; each either submits work to the network loop (the node
+runs the coroutines there) or replaces one immutable value the network thread reads, so no half-written view is
+ever seen. Everything of the round runs on the node's network event loop; the merge itself runs off it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+from pathswarm.protocol.clock import MONOTONIC, Clock
+from pathswarm.protocol.rounds.audit import AuditService
+from pathswarm.protocol.rounds.context import Context, GroupView
+from pathswarm.protocol.rounds.member import Member
+from pathswarm.protocol.rounds.messages import RoundReply
+from pathswarm.protocol.rounds.outer import OuterState
+from pathswarm.protocol.rounds.reducer import Closer, Reducer
+from pathswarm.protocol.rounds.rule import close_round
+from pathswarm.protocol.rounds.service import Service
+from pathswarm.protocol.rounds.trust import Trust
+from pathswarm.protocol.spec import SwarmSpec
+from pathswarm.protocol.wire import Traffic
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from pathswarm.protocol.net import PeerStreams
+
+
+class ModuleExchange:
+    """Serves and joins module rounds for one node."""
+
+    def __init__(self, spec: SwarmSpec, streams: PeerStreams | None, peer_id: str, numels: dict[str, int],
+                 state_of: Callable[[str], OuterState | None], traffic: Traffic | None = None,
+                 membership: str = "", sync_world: bool = False, clock: Clock = MONOTONIC,
+                 closer: Closer | None = None):
+        traffic = traffic or Traffic()
+        self.spec, self.peer_id, self.numels, self.traffic = spec, peer_id, numels, traffic
+        trust = Trust(spec, peer_id, len(numels), traffic,
+                      lambda: max((spec.codec.max_frame_bytes(n) for n in numels.values()), default=0))
+        self.ctx = Context(spec, peer_id, numels, state_of, streams, trust, traffic, clock=clock,
+                           membership=membership, sync_world=sync_world)
+        self.trust = trust
+        self.audits = AuditService(streams, self.ctx.prefix, numels, self.ctx.contribution_limit, trust.admit,
+                                   trust.guard.serve, traffic, membership)
+        self.reducer = Reducer(self.ctx, closer or functools.partial(rule_closer, spec), self.audits.store)
+        self.member = Member(self.ctx, self.reducer)
+        self.service = Service(self.ctx, self.reducer, self.audits)
+
+    async def start(self) -> None:
+        await self.service.start()
+
+    # ---- a round: the member's side, and the reducer's (tests call it directly) ----------------------
+    async def contribute(self, candidates: list[str], module: str, round_: int, tokens: int, digest: str,
+                         frame: bytes, timeout_s: float, after_lie: bool = False) -> RoundReply:
+        """Send our frame to the round's reducer (the first reachable of `candidates`) and wait for its result."""
+        return await self.member.contribute(candidates, module, round_, tokens, digest, frame, timeout_s, after_lie)
+
+    async def reduce(self, module: str, round_: int, sender: str, tokens: int, digest: str,
+                     frame: bytes) -> RoundReply:
+        return await self.reducer.reduce(module, round_, sender, tokens, digest, frame)
+
+    def stance(self, module: str, round_: int, digest: str, asker: str):
+        return self.reducer.stance(module, round_, digest, asker)
+
+    async def fetch_state(self, peer: str, module: str, timeout_s: float) -> OuterState | None:
+        return await self.service.fetch_state(peer, module, timeout_s)
+
+    def effective_state(self, module: str) -> OuterState | None:
+        return self.reducer.effective_state(module)
+
+    # ---- what the node tells the exchange ------------------------------------------------------------
+    def set_groups(self, expected: Mapping[str, int], live: Mapping[str, Mapping[str, int]] | None = None,
+                   genesis: Mapping[str, tuple[str, ...]] | None = None,
+                   partners: Mapping[str, tuple[str, ...]] | None = None) -> None:
+        """The groups the node derived from the claims (context.py `GroupView`); None keeps the current part."""
+        old = self.ctx.groups
+        self.ctx.groups = GroupView(dict(expected), old.live if live is None else dict(live),
+                                    old.genesis if genesis is None else dict(genesis),
+                                    old.partners if partners is None else dict(partners))
+
+    def set_client(self, client: bool) -> None:
+        self.ctx.client = client
+
+    def set_voted_out(self, peers: frozenset[str]) -> None:
+        """Peers most holders of our modules announce they caught lying (node/peer/vouch.py)."""
+        self.trust.voted_out = frozenset(peers)
+
+    def drop_replies(self, rounds: set[tuple[str, int]]) -> None:
+        """Fault injection for tests: as the reducer of these (module, round)s, close the replies unsent."""
+        self.service.drop_reply = set(rounds)
+
+    def forget_pending(self, module: str) -> None:
+        """Our state of the module was replaced (re-sync): rounds we closed earlier no longer define it."""
+        self.reducer.forget_pending(module)
+
+    # ---- what the node reads ------------------------------------------------------------------------
+    @property
+    def distrusted(self) -> Mapping[str, str]:
+        """Peer → why we no longer trust it (read-only)."""
+        return self.trust.distrusted
+
+    @property
+    def clients(self) -> set[str]:
+        return self.ctx.clients
+
+    def distrust(self, peer: str, reason: str) -> None:
+        self.trust.distrust(peer, reason)
+
+    def refuses(self, peer: str) -> bool:
+        return self.trust.refuses(peer)
+
+    def shunned(self, peer: str) -> bool:
+        return self.trust.shunned(peer)
+
+    def skipped(self) -> list[str]:
+        return self.member.skipped()
+
+    def take_behind(self) -> dict[str, str]:
+        """Module → a peer that found us behind it, since the last call (the node re-syncs those modules)."""
+        out = {}
+        for module in list(self.reducer.behind):
+            peer = self.reducer.behind.pop(module, None)
+            if peer is not None:
+                out[module] = peer
+        return out
+
+    def tokens_reduced(self, module: str) -> int:
+        """Tokens in the rounds of `module` we closed with a mean (less those a healed split took back)."""
+        log = self.reducer.logs.get(module)
+        return log.tokens_reduced if log is not None else 0
+
+    def take_back_reduced(self, module: str, first_round: int) -> int:
+        """A split we lost: the tokens we merged into `module`'s states from `first_round` on no longer count.
+        Returns them."""
+        log = self.reducer.logs[module]
+        tokens = sum(t for r, t in log.reduced.items() if r >= first_round)
+        log.tokens_reduced -= tokens
+        return tokens
+
+
+def rule_closer(spec: SwarmSpec, contributions, numel: int, before: OuterState | None):
+    """The round rule's close, as every reducer runs it (tests/lying_node.py swaps this function for a lying one)."""
+    return close_round(contributions, numel, spec, before)

@@ -1,0 +1,361 @@
+"""The round's messages on the wire: one typed class per stream message, validated as strictly as DHT records.
+
+Every request and reply of the module exchange (protocol/rounds/service.py) and of audits (audit.py) is one of
+these. A message travels as a JSON header (protocol/wire.py) and, for frames and states, a bounded payload;
+`parse` takes a header received from a peer (untrusted) and returns the message or raises WireError, `header`
+gives what is written. Strings are bounded, numbers are ints in range (a bool is no int here), lists are bounded
+and hold peer ids only. A reply's optional parts that do not parse are dropped, not fatal: a result whose frame
+list does not parse lists nothing, and its member then finds its own entry missing (member.py) — a proof against
+the reducer, which a refused message would not be.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any, Self
+
+from pathswarm.protocol.rounds.reducers import Stance, parse_candidates
+from pathswarm.protocol.wire import WireError
+
+MAX_ROUND = 1 << 62
+"""Rounds are int64 everywhere (records.MAX_COUNT); state_digest packs them in 8 bytes."""
+MAX_TOKENS = 1 << 53
+"""Most tokens one contribution may count (exact in a float; no round trains so many)."""
+MAX_ID = 128
+"""Longest module or peer id accepted."""
+MAX_REASON = 200
+"""Longest reason kept from a peer's message."""
+MAX_CONTRIBUTORS = MAX_LISTED = 1024
+"""Most contributions a result may list."""
+
+FrameEntry = tuple[str, int, str]
+"""(peer, tokens, sha256 hex of its frame): one contribution as a result lists it."""
+
+
+def frame_hash(frame: bytes) -> str:
+    return hashlib.sha256(frame).hexdigest()
+
+
+def parse_frame_list(value: object) -> tuple[FrameEntry, ...]:
+    """A result's list of merged frames, received from a peer (untrusted): ValueError unless it is a list of at
+    most MAX_LISTED [peer id, positive int, 64 hex digits], peers distinct."""
+    if not isinstance(value, list) or len(value) > MAX_LISTED:
+        raise ValueError("the frame list is not a bounded list")
+    out = []
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 3):
+            raise ValueError("a frame entry is not [peer, tokens, hash]")
+        peer, tokens, digest = item
+        if not (isinstance(peer, str) and 0 < len(peer) <= 128 and peer.isalnum()):
+            raise ValueError("a frame entry's peer is not a peer id")
+        if not (isinstance(tokens, int) and not isinstance(tokens, bool) and 0 < tokens <= 1 << 53):
+            raise ValueError("a frame entry's token count is out of range")
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise ValueError("a frame entry's hash is not sha256 hex")
+        out.append((peer, tokens, digest))
+    if len({p for p, _, _ in out}) != len(out):
+        raise ValueError("a peer is listed twice")
+    return tuple(out)
+
+
+def list_frames(frames: dict[str, tuple[int, bytes]], used: tuple[str, ...] | list[str]) -> tuple[FrameEntry, ...]:
+    """The list a result carries: the merged peers' (peer, tokens as sent, frame hash), in the order of `used`."""
+    return tuple((p, frames[p][0], frame_hash(frames[p][1])) for p in used)
+
+
+class RoundStatus(StrEnum):
+    """How a round ended for one member (the reply to its contribution)."""
+
+    MERGED = "merged"
+    """Its frame is in the mean."""
+    ALONE = "alone"
+    """Its frame is the mean: nobody else was in the round."""
+    LATE = "late"
+    """The round had closed: apply the mean, keep the outer gradient for the next round."""
+    OUT_OF_SYNC = "out_of_sync"
+    """Its state before the round is not the group's: re-sync the module."""
+    BEHIND = "behind"
+    """The reducer is behind the member (it re-syncs itself)."""
+    FAILED = "failed"
+    """Nothing to apply; the member's steps carry."""
+    REDIRECT = "redirect"
+    """An earlier candidate holds the round: send the contribution there."""
+
+    # Hashed as its string (Enum hashes the member's name): a status and its wire string are one key in a set or dict.
+    __hash__ = str.__hash__
+
+    @property
+    def applies(self) -> bool:
+        """Whether a member applies this round's mean."""
+        return self in APPLIED
+
+    @property
+    def ours(self) -> bool:
+        """Whether the member's own outer gradient is in the mean."""
+        return self in (RoundStatus.MERGED, RoundStatus.ALONE)
+
+
+APPLIED = frozenset({RoundStatus.MERGED, RoundStatus.ALONE, RoundStatus.LATE})
+
+
+def _str(header: dict[str, Any], name: str, limit: int = MAX_ID, default: str | None = None) -> str:
+    value = header.get(name, default)
+    if not isinstance(value, str) or len(value) > limit:
+        raise WireError(f"header field {name!r} missing, not a string or longer than {limit}")
+    return value
+
+
+def _int(header: dict[str, Any], name: str, low: int = 0, high: int = MAX_ROUND, default: int | None = None) -> int:
+    value = header.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise WireError(f"header field {name!r} missing, not an int or out of [{low}, {high}]")
+    return value
+
+
+def _bool(header: dict[str, Any], name: str) -> bool:
+    return header.get(name) is True
+
+
+class Message:
+    """Base of the typed messages: `header()` writes, `parse(header)` reads (WireError when malformed)."""
+
+    def header(self) -> dict[str, Any]:
+        out = asdict(self)  # type: ignore[call-overload]
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in out.items()}
+
+
+@dataclass(frozen=True)
+class Refusal(Message):
+    """The answer to a request that is not served (membership, rate limit, a round number out of range)."""
+
+    reason: str
+    status: str = "refused"
+
+    @classmethod
+    def parse(cls, header: dict[str, Any]) -> Self | None:
+        """The refusal in a reply, or None when the reply is not one."""
+        if header.get("status") != "refused":
+            return None
+        return cls(str(header.get("reason"))[:MAX_REASON])
+
+
+@dataclass(frozen=True)
+class ContributeRequest(Message):
+    """A member's outer gradient for (module, round); its frame follows in a second message."""
+
+    module: str
+    round: int
+    tokens: int
+    digest: str
+    """The digest of the member's state before the round."""
+    membership: str = ""
+    client: bool = False
+    """The member cannot be dialed (protocol/reachability.py): never name it a reducer candidate."""
+
+    @classmethod
+    def parse(cls, header: dict[str, Any]) -> Self:
+        # Any int: a count out of range fails that contribution alone (reducer.py), with a reason, instead of the
+        # whole request.
+        tokens = header.get("tokens")
+        if not isinstance(tokens, int) or isinstance(tokens, bool):
+            raise WireError("header field 'tokens' missing or not an int")
+        return cls(_str(header, "module"), _int(header, "round"), tokens, _str(header, "digest"),
+                   membership_of(header), _bool(header, "client"))
+
+
+@dataclass(frozen=True)
+class RoundReply(Message):
+    """A round's result as its reducer tells one member; the encoded mean is the payload."""
+
+    module: str
+    round: int
+    status: RoundStatus
+    contributors: tuple[str, ...] = ()
+    tokens: int = 0
+    digest_after: str = ""
+    reason: str = ""
+    reducers: tuple[str, ...] = ()
+    """Who reduces the next round, in failover order."""
+    redirect: str = ""
+    frames: tuple[FrameEntry, ...] = ()
+    """(peer, tokens, frame hash) of every merged contribution (protocol/rounds/audit.py)."""
+    mean_frame: bytes = field(default=b"", repr=False)
+    """The encoded mean (the message's payload, not its header); b'' when there is none."""
+    reducer: str = ""
+    """Who answered (the member's side fills it in; not on the wire): the peer to re-sync from when it says we are
+    out of sync."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", RoundStatus(self.status))  # a plain string names one too
+
+    @property
+    def applicable(self) -> bool:
+        return self.status.applies and bool(self.mean_frame)
+
+    def header(self) -> dict[str, Any]:
+        return {"module": self.module, "round": self.round, "status": self.status.value,
+                "contributors": list(self.contributors), "tokens": self.tokens, "digest_after": self.digest_after,
+                "reason": self.reason, "reducers": list(self.reducers), "redirect": self.redirect,
+                "frames": [list(e) for e in self.frames]}
+
+    @classmethod
+    def parse(cls, header: dict[str, Any], mean_frame: bytes = b"") -> Self:
+        try:
+            status = RoundStatus(str(header.get("status")))
+        except ValueError:
+            raise WireError(f"unknown round status {str(header.get('status'))[:40]!r}") from None
+        raw = header.get("contributors")
+        contributors: list = raw if isinstance(raw, list) else []
+        try:
+            reducers = parse_candidates(header.get("reducers") or [])
+        except ValueError:
+            reducers = ()
+        try:  # a result whose list does not parse lists nothing: our own entry is then missing
+            frames = parse_frame_list(header.get("frames") or [])
+        except ValueError:
+            frames = ()
+        tokens = header.get("tokens")
+        return cls(_str(header, "module"), _int(header, "round"), status,
+                   tuple(str(c)[:MAX_ID] for c in contributors[:MAX_CONTRIBUTORS]),
+                   tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0 else 0,
+                   str(header.get("digest_after") or "")[:64], str(header.get("reason") or "")[:MAX_REASON],
+                   reducers, str(header.get("redirect") or "")[:MAX_ID], frames, mean_frame)
+
+
+@dataclass(frozen=True)
+class StanceRequest(Message):
+    """A later candidate asks an earlier one whether it holds (module, round) (protocol/rounds/reducers.py)."""
+
+    module: str
+    round: int
+    digest: str
+    membership: str = ""
+
+    @classmethod
+    def parse(cls, header: dict[str, Any]) -> Self:
+        return cls(_str(header, "module"), _int(header, "round"), _str(header, "digest"), membership_of(header))
+
+
+@dataclass(frozen=True)
+class StanceReply(Message):
+    stance: Stance
+
+    def header(self) -> dict[str, Any]:
+        return {"stance": self.stance.value}
+
+    @classmethod
+    def parse(cls, header: dict[str, Any]) -> Self:
+        try:
+            return cls(Stance(str(header.get("stance"))))
+        except ValueError:
+            raise WireError("not a stance") from None
+
+
+@dataclass(frozen=True)
+class StateRequest(Message):
+    """A joiner (or a node re-syncing) asks for a module's state."""
+
+    module: str
+    membership: str = ""
+
+    @classmethod
+    def parse(cls, header: dict[str, Any]) -> Self:
+        return cls(_str(header, "module"), membership_of(header))
+
+
+@dataclass(frozen=True)
+class StateReply(Message):
+    """A module's state: round, digest, reducer list; anchor then momentum (fp32) are the payload."""
+
+    status: str
+    """'ok' or 'missing'."""
+    round: int = 0
+    digest: str = ""
+    reducers: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def parse(cls, header: dict[str, Any]) -> Self:
+        status = header.get("status")
+        if status != "ok":
+            return cls("missing")
+        try:
+            reducers = parse_candidates(header.get("reducers") or [])
+        except ValueError as e:
+            raise WireError(str(e)) from None
+        # The round is a stranger's JSON value: int() of it raised on "x", [1] or 1e400, and a negative or huge one
+        # made state_digest (8 unsigned bytes) raise.
+        return cls("ok", _int(header, "round", default=0) if header.get("round") is not None else 0,
+                   _str(header, "digest", 64, default=""), reducers)
+
+
+@dataclass(frozen=True)
+class FramesRequest(Message):
+    """An auditor asks a round's reducer (or another auditor) for the frames the result lists."""
+
+    module: str
+    round: int
+    skip: str = ""
+    """The asker's own frame: it has it."""
+    membership: str = ""
+
+    @classmethod
+    def parse(cls, header: dict[str, Any]) -> Self:
+        return cls(_str(header, "module"), _int(header, "round"), _str(header, "skip", default=""),
+                   membership_of(header))
+
+
+@dataclass(frozen=True)
+class FramesReply(Message):
+    """How many frames follow (each as a `FrameHeader` then the frame), or status 'missing'."""
+
+    status: str
+    count: int = 0
+
+    @classmethod
+    def parse(cls, header: dict[str, Any]) -> Self:
+        if header.get("status") != "ok":
+            return cls("missing")
+        return cls("ok", _int(header, "count", high=MAX_CONTRIBUTORS))
+
+
+@dataclass(frozen=True)
+class FrameHeader(Message):
+    peer: str
+    tokens: int
+
+    @classmethod
+    def parse(cls, header: dict[str, Any]) -> Self:
+        return cls(_str(header, "peer"), _int(header, "tokens", high=MAX_TOKENS))
+
+
+@dataclass(frozen=True)
+class AlertRequest(Message):
+    """An auditor tells a contributor that the reducer of (module, round) lied (it checks that itself)."""
+
+    module: str
+    round: int
+    reducer: str
+    membership: str = ""
+
+    @classmethod
+    def parse(cls, header: dict[str, Any]) -> Self:
+        return cls(_str(header, "module"), _int(header, "round"), str(header.get("reducer") or "")[:MAX_ID],
+                   membership_of(header))
+
+
+@dataclass(frozen=True)
+class Ack(Message):
+    status: str = "ok"
+
+
+def membership_of(header: dict[str, Any]) -> str:
+    """The certificate a request carries (private swarms); '' when none (the gate decides whether that is enough)."""
+    value = header.get("membership")
+    return value if isinstance(value, str) else ""
+
+
+def module_of(header: dict[str, Any]) -> str:
+    """The module a request names, before the rest of it is parsed (the handlers check it is ours first)."""
+    return _str(header, "module")

@@ -1,0 +1,162 @@
+"""The round's requests on the wire: the handlers this node serves, and downloading a module's state from a peer.
+
+Served (each inside its budget: trust.py, protocol/handlers.py): `contribute` (a member's frame for a round we
+reduce: reducer.py), `stance` (a later candidate asks whether we hold a round: reducer.py `stance`), `state` (a
+joiner or a re-syncing node downloads a module's anchor, outer momentum, round and reducer list). Audits' `frames`
+and `alert` are audit.py's. Everything received is bounded by the module's size from the spec before it is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from pathswarm.protocol.rounds.context import MAX_CLIENTS, Context
+from pathswarm.protocol.rounds.messages import (
+    ContributeRequest,
+    Refusal,
+    StanceReply,
+    StanceRequest,
+    StateReply,
+    StateRequest,
+    module_of,
+)
+from pathswarm.protocol.rounds.outer import OuterState
+from pathswarm.protocol.rounds.reducer import Reducer
+from pathswarm.protocol.wire import WireError, read_message, write_message
+
+if TYPE_CHECKING:
+    from pathswarm.protocol.rounds.audit import AuditService
+
+logger = logging.getLogger("pathswarm.protocol.exchange")
+
+
+class Service:
+    """Serves contribute, stance and state requests for one node; downloads states from peers."""
+
+    def __init__(self, ctx: Context, reducer: Reducer, audits: AuditService):
+        self.ctx, self.reducer, self.audits = ctx, reducer, audits
+        self.drop_reply: set[tuple[str, int]] = set()
+        """Fault injection (tests): close these rounds' replies unsent, as if the connection broke after the merge."""
+
+    async def start(self) -> None:
+        streams = self.ctx.streams
+        if streams is None:  # offline: the node reduces its own rounds, nothing is served
+            return
+        await streams.serve(self.ctx.name("contribute"), self._on_contribute)
+        await streams.serve(self.ctx.name("state"), self._on_state)
+        await streams.serve(self.ctx.name("stance"), self._on_stance)
+        await self.audits.start()
+
+    async def _on_contribute(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ctx = self.ctx
+
+        async def body() -> None:
+            header, _ = await read_message(reader, 0, ctx.traffic)
+            if not await ctx.trust.admit(header, sender, reader, writer):
+                return
+            if module_of(header) not in ctx.numels:
+                raise WireError(f"unknown module {module_of(header)!r}")
+            ask = ContributeRequest.parse(header)
+            if why := ctx.trust.beyond_limit(ask.round):  # before anything of it is read or remembered
+                await ctx.trust.refuse(why, reader, writer)
+                return
+            if not ask.client:
+                ctx.clients.discard(sender)  # its latest word: a restart may have made it reachable
+            elif len(ctx.clients) < MAX_CLIENTS:
+                ctx.clients.add(sender)  # never named a reducer candidate: nobody could dial it
+            # The frame follows in a second message, bounded by this module's size.
+            _, frame = await read_message(reader, ctx.contribution_limit(ask.module), ctx.traffic)
+            result = await self.reducer.reduce(ask.module, ask.round, sender, ask.tokens, ask.digest, frame)
+            if (ask.module, ask.round) in self.drop_reply and result.applicable:
+                self.drop_reply.discard((ask.module, ask.round))
+                logger.warning("fault injection: the reply of %s round %d to %s is dropped", ask.module, ask.round,
+                               sender[-8:])
+                return
+            await write_message(writer, result.header(), result.mean_frame, ctx.traffic)
+
+        await ctx.trust.guard.serve("contribute", sender, reader, writer, body)
+
+    async def _on_stance(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ctx = self.ctx
+
+        async def body() -> None:
+            header, _ = await read_message(reader, 0, ctx.traffic)
+            if not await ctx.trust.admit(header, sender, reader, writer):
+                return
+            ask = StanceRequest.parse(header)
+            if why := ctx.trust.beyond_limit(ask.round):
+                await ctx.trust.refuse(why, reader, writer)
+                return
+            stance = self.reducer.stance(ask.module, ask.round, ask.digest, sender)
+            await write_message(writer, StanceReply(stance).header(), b"", ctx.traffic)
+
+        await ctx.trust.guard.serve("stance", sender, reader, writer, body)
+
+    async def _on_state(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ctx = self.ctx
+
+        async def body() -> None:
+            header, _ = await read_message(reader, 0, ctx.traffic)
+            if not await ctx.trust.admit(header, sender, reader, writer):
+                return
+            module = StateRequest.parse(header).module
+            # the newest state we know: after the rounds we closed, even before our own loop applied them
+            state = self.reducer.effective_state(module) if module in ctx.numels else None
+            if state is None:
+                await write_message(writer, StateReply("missing").header(), b"", ctx.traffic)
+                return
+            # Written from the state's own tensors, chunk by chunk (no copy of the whole state per request): states
+            # are immutable, so the bytes stay those of the digest.
+            parts = [memoryview(t.float().contiguous().numpy()).cast("B")  # type: ignore[arg-type]  # buffer on 3.12+
+                     for t in (state.anchor, state.momentum)]
+            reply = StateReply("ok", state.round, state.digest(), state.reducers)
+            await write_message(writer, reply.header(), parts, ctx.traffic)
+
+        await ctx.trust.guard.serve("state", sender, reader, writer, body)
+
+    async def fetch_state(self, peer: str, module: str, timeout_s: float) -> OuterState | None:
+        """Download a module's state from a peer: None if it fails, is refused, is later than the swarm's age
+        allows, holds non-finite values, or does not hash to the digest the peer sent with it. The caller checks
+        that digest against the one a majority vouches for."""
+        ctx, streams = self.ctx, self.ctx.streams
+        assert streams is not None
+        numel = ctx.numels[module]
+
+        async def go() -> tuple[dict, bytes]:
+            reader, writer = await streams.open(peer, ctx.name("state"))
+            try:
+                await write_message(writer, StateRequest(module, ctx.membership).header(), b"", ctx.traffic)
+                return await read_message(reader, 8 * numel, ctx.traffic)
+            finally:
+                writer.close()
+
+        try:
+            header, payload = await asyncio.wait_for(go(), timeout_s)
+            if (refusal := Refusal.parse(header)) is not None:
+                logger.warning("state download of %s refused by %s: %s", module, peer[-8:], refusal.reason)
+                return None
+            reply = StateReply.parse(header)
+        except Exception as e:  # unreachable peer, timeout, malformed message: try another source
+            logger.info("state download of %s from %s failed: %s", module, peer[-8:], e)
+            return None
+        if reply.status != "ok" or len(payload) != 8 * numel:
+            return None
+        limit = ctx.spec.round_limit(time.time())
+        if limit is not None and reply.round > limit:
+            logger.warning("state download of %s from %s: round %d is later than the swarm's age allows", module,
+                           peer[-8:], reply.round)
+            return None
+        values = torch.frombuffer(bytearray(payload), dtype=torch.float32)
+        anchor, momentum = values[:numel].clone(), values[numel:].clone()
+        if not (torch.isfinite(anchor).all() and torch.isfinite(momentum).all()):
+            return None
+        got = OuterState(anchor, momentum, reply.round, reply.reducers)
+        if got.digest() != reply.digest:
+            logger.warning("state of %s from %s fails its digest; ignored", module, peer[-8:])
+            return None
+        return got
