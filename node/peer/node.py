@@ -146,7 +146,7 @@ class Node:
         numels = {mid: self.worker.outer[mid].anchor.numel() for mid in self.worker.module_ids}
         streams = None if offline else self.net.run(self.sdht.streams(), 30)
         self.exchange = ModuleExchange(spec, streams, self.status.peer_id, numels,
-                                       lambda mid: self.sync.local_states.get(mid), self.traffic,
+                                       lambda mid: self.sync.local_states.get(mid), traffic=self.traffic,
                                        membership=self.cfg.membership, sync_world=self.cfg.sync_rounds)
         self.exchange.set_client(bool(self.sdht is not None and self.sdht.client_mode))
         self.net.run(self.exchange.start(), 30)

@@ -41,7 +41,7 @@ class ModuleExchange:
     """Serves and joins module rounds for one node."""
 
     def __init__(self, spec: SwarmSpec, streams: PeerStreams | None, peer_id: str, numels: dict[str, int],
-                 state_of: Callable[[str], OuterState | None], traffic: Traffic | None = None,
+                 state_of: Callable[[str], OuterState | None], *, traffic: Traffic | None = None,
                  membership: str = "", sync_world: bool = False, clock: Clock = MONOTONIC,
                  closer: Closer | None = None):
         traffic = traffic or Traffic()
@@ -109,6 +109,11 @@ class ModuleExchange:
     def distrusted(self) -> Mapping[str, str]:
         """Peer → why we no longer trust it (read-only)."""
         return self.trust.distrusted
+
+    @property
+    def voted_out(self) -> frozenset[str]:
+        """Peers most holders of our modules announce they caught lying (read-only: `set_voted_out`)."""
+        return self.trust.voted_out
 
     @property
     def clients(self) -> set[str]:

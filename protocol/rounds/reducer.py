@@ -305,7 +305,12 @@ class Reducer:
         contributions = [(p, *opened.frames[p]) for p in sorted(opened.frames)]
         # Off the event loop: a 25 M-value merge takes a second or more, and every other request would wait for it.
         before = moved if isinstance(moved, OuterState) else None
-        closed = await asyncio.get_running_loop().run_in_executor(None, self.closer, contributions, numel, before)
+        try:
+            closed = await asyncio.get_running_loop().run_in_executor(None, self.closer, contributions, numel, before)
+        except Exception as e:  # a bug in the rule must fail this round for its members, not leave them waiting
+            logger.exception("closing %s round %d raised", module, round_)
+            self._fail(opened, f"the reducer could not close the round: {type(e).__name__}")
+            return
         if self._moved(opened) is False:
             self._fail(opened, "the reducer's state moved past the round while it was open", RoundStatus.OUT_OF_SYNC)
             return

@@ -77,7 +77,7 @@ class Outsider:
 
     def exchange(self, membership: str) -> ModuleExchange:
         return ModuleExchange(self.spec, PeerStreams(self.p2p), self.transport_peer_id, count_module_params(self.spec),
-                              lambda mid: None, lambda st, avg: st, membership=membership)
+                              lambda mid: None, membership=membership)
 
     def fetch_state(self, member: str, membership: str):
         return self.net.run(self.exchange(membership).fetch_state(member, "shared", 15), 30)
@@ -126,9 +126,8 @@ def test_every_refusal_reaches_the_refused_peer(private):
     member = hivemind.DHT(start=True, **LOOPBACK_ONLY)
     net = NetLoop("member")
     streams = PeerStreams(net.run(member.replicate_p2p(), 30))
-    served = ModuleExchange(spec, streams, member.peer_id.to_base58(), count_module_params(spec), lambda m: None,
-                            lambda st, avg: st)
-    served.limits["contribute"] = RateLimiter(rate=1e-3, burst=32)  # no refill during the test: exact counts
+    served = ModuleExchange(spec, streams, member.peer_id.to_base58(), count_module_params(spec), lambda m: None)
+    served.trust.guard.limits["contribute"] = RateLimiter(rate=1e-3, burst=32)  # no refill: exact counts
     net.run(served.start(), 30)
     outsider = Outsider(spec, str(member.get_visible_maddrs()[0]))
     try:
@@ -141,7 +140,7 @@ def test_every_refusal_reaches_the_refused_peer(private):
         member.shutdown()
     assert all(r.startswith("refused: no membership certificate") for r in reasons[:32]), reasons
     assert all(r.startswith("refused") for r in reasons), reasons
-    assert served.limits["contribute"].refused == 8 and states == [None] * 5
+    assert served.trust.guard.limits["contribute"].refused == 8 and states == [None] * 5
 
 
 def test_outsiders_cannot_write_join_or_download_and_members_train_on(private, tmp_path):
