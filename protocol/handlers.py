@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathswarm.protocol.ratelimit import RateLimiter, Slots
 from pathswarm.protocol.wire import WireError
 
-logger = logging.getLogger("pathswarm.protocol.exchange")
+logger = logging.getLogger(__name__)
 
 Refuse = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -289,7 +289,7 @@ def parse_record(model_cls: type[R], raw: Any, spec: SwarmSpec | None = None) ->
         if isinstance(raw, bytes | bytearray | memoryview | str):
             if len(raw) > MAX_RECORD_BYTES:
                 raise RecordError(f"record of {len(raw)} bytes exceeds {MAX_RECORD_BYTES}")
-            record = model_cls.model_validate_json(raw)
+            record = model_cls.model_validate_json(bytes(raw) if isinstance(raw, memoryview) else raw)
         else:
             _bounded_size(raw, MAX_RECORD_BYTES)
             if not isinstance(raw, dict):

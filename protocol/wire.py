@@ -26,7 +26,7 @@ WRITE_CHUNK = 1 << 16
 
 class NotServingYetError(ConnectionError):
     """The peer is up but serves no handler of that name yet (a node between its claim and its exchange's start);
-    raised by protocol/net.py's PeerStreams.open."""
+    raised by protocol/net/streams.py's PeerStreams.open."""
 
 class WireError(ValueError):
     """A peer sent a malformed, oversized or truncated message."""

@@ -481,7 +481,7 @@ class Sink:
 
 
 class FakeStreams:
-    """Stands in for protocol/net.py's PeerStreams: every stream opened is answered with the given bytes (what a
+    """Stands in for protocol/net/streams.py's PeerStreams: every stream opened is answered with the given bytes (what a
     hostile peer would send back); handlers served are kept, never called."""
 
     def __init__(self, reply: bytes):

@@ -4,7 +4,7 @@ checking them, and checking what other members report.
 For each round another peer reduced and we applied, we keep what that reducer sent us (its list of merged frames,
 the mean's bytes) and the history norm the round rule needed; with probability min(1, audit_rate / group size),
 drawn from the operating system's randomness (the reducer cannot predict who audits), we download the listed
-frames from the reducer and recompute the mean (node/train/round.py `audit_mean`). A mean that does not match is
+frames from the reducer and recompute the mean (protocol/rounds/rule.py `audit_mean`). A mean that does not match is
 proof: we stop trusting the reducer (never our reducer again, its frames refused) and alert the round's other
 contributors. An alert makes its receiver download the frames from the alerter and check them against the result
 *it* received: only that check moves it. The round the liar reduced stays applied on every replica that took it

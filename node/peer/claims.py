@@ -203,7 +203,7 @@ class Claims:
 
 def partners_of(groups: Groups, merged: dict[str, dict[str, list[str]]], me: str) -> dict[str, tuple[str, ...]]:
     """Module → the holders we have merged rounds of it with, that may reduce it, and ourselves, sorted: whom a
-    reducer alone in its round names for the next one (protocol/exchange.py). Both sides of a split (after a
+    reducer alone in its round names for the next one (protocol/rounds/reducer.py). Both sides of a split (after a
     revocation) have merged with each other and name the same list; a node that just joined, at another round of
     the module, is not named."""
     out = {}

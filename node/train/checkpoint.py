@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MOMENTUM_KEY = "__outer_momentum__"
 KEEP_ROUNDS = 2
-MAX_REDUCERS = 64  # reducer candidates a checkpoint or a peer may name (protocol/exchange.py bounds them too)
+MAX_REDUCERS = 64  # reducer candidates a checkpoint or a peer may name (protocol/rounds/ bounds them too)
 
 
 class CheckpointError(ValueError):

@@ -22,7 +22,7 @@ from pathswarm.protocol.rounds.reducer import RESULTS_KEPT, Reducer, failed
 from pathswarm.protocol.rounds.trust import STANCE_TIMEOUT_S
 from pathswarm.protocol.wire import NotServingYetError, read_message, write_message
 
-logger = logging.getLogger("pathswarm.protocol.exchange")
+logger = logging.getLogger(__name__)
 
 UNREACHABLE = "reducer unreachable"  # reason prefix of a round that failed at the connection level
 REASK_S, REASK_MAX_S = 0.25, 4.0  # pauses before asking again a candidate that defers to a proven liar (doubling)

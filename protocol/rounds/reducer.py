@@ -31,7 +31,7 @@ from pathswarm.protocol.rounds.reducers import MAX_CANDIDATES, Stance, successor
 from pathswarm.protocol.rounds.rule import ClosedRound
 from pathswarm.protocol.rounds.stance import Stances
 
-logger = logging.getLogger("pathswarm.protocol.exchange")
+logger = logging.getLogger(__name__)
 
 RESULTS_KEPT = 4  # closed rounds a reducer remembers for late members
 RESULTS_LOGGED = 64  # rounds whose merged tokens a reducer remembers (a healed split takes them back)

@@ -32,7 +32,7 @@ from pathswarm.protocol.wire import WireError, read_message, write_message
 if TYPE_CHECKING:
     from pathswarm.protocol.rounds.audit import AuditService
 
-logger = logging.getLogger("pathswarm.protocol.exchange")
+logger = logging.getLogger(__name__)
 
 
 class Service:

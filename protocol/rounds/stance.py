@@ -18,7 +18,7 @@ from pathswarm.protocol.rounds.reducers import RIVAL, Stance, earlier
 from pathswarm.protocol.rounds.trust import STANCE_TIMEOUT_S
 from pathswarm.protocol.wire import read_message, write_message
 
-logger = logging.getLogger("pathswarm.protocol.exchange")
+logger = logging.getLogger(__name__)
 
 
 def must_ask(agreed: tuple[str, ...], me: str, fresh: bool, shunned) -> list[str]:

@@ -23,7 +23,7 @@ from pathswarm.protocol.rounds.messages import Refusal
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.wire import MAX_HEADER_BYTES, Traffic, discard_rest, write_message
 
-logger = logging.getLogger("pathswarm.protocol.exchange")
+logger = logging.getLogger(__name__)
 
 REFUSAL_DRAIN_S = 3.0
 """How long a refused request's remaining bytes are read and dropped before closing."""

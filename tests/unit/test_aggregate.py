@@ -1,5 +1,5 @@
 """Robust aggregation of a module group's outer gradients (protocol/rounds/merge.py) and the reducer's
-handling of bad contributors (protocol/exchange.py, offline): exact values, no network."""
+handling of bad contributors (protocol/rounds/, offline): exact values, no network."""
 
 import asyncio
 

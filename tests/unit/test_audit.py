@@ -1,4 +1,4 @@
-"""Auditing a reducer (protocol/rounds/audit.py, node/train/round.py `audit_mean`): the list a result carries, the
+"""Auditing a reducer (protocol/rounds/audit.py, protocol/rounds/rule.py `audit_mean`): the list a result carries, the
 recomputation that proves a lie, and the parser of lists received from strangers."""
 
 import asyncio
@@ -131,8 +131,8 @@ def test_a_result_of_the_largest_group_fits_in_one_header():
 
 
 def test_a_member_stops_trusting_a_reducer_that_misreports_its_frame_unless_it_restarted_since():
-    """The member's own check (protocol/exchange.py): a result that lists our frame with another hash or weight is a
-    lie told to us; right after a restart (the module is still `fresh`) it is the frame we sent before dying."""
+    """The member's own check (protocol/rounds/member.py): a result that lists our frame with another hash or weight
+    is a lie told to us; right after a restart (the module is still `fresh`) it is the frame we sent before dying."""
     from ..fuzzing import FRAME, OTHER_PEER, PEER, STATE, FakeStreams, exchange, message
 
     def reply(listed_tokens: int, listed_frame: bytes) -> bytes:
