@@ -63,7 +63,7 @@ TARGETS = [  # (module, attribute, timer): what a round runs, by the file that c
     ("pathswarm.node.peer.state_sync", "state_digest", "digest"),
     ("pathswarm.node.peer.rounds", "make_contribution", "encode"),
     ("pathswarm.node.peer.rounds", "settle", "settle_apply"),
-    ("pathswarm.node.peer.rounds", "close_round", "reduce_close"),
+    ("pathswarm.protocol.rounds.exchange", "rule_closer", "reduce_close"),
     ("pathswarm.protocol.rounds.rule", "decode_mean", "decode_mean"),
     ("pathswarm.protocol.rounds.merge", "merge", "merge"),
     ("pathswarm.protocol.rounds.rule", "encode_with", "encode_mean"),

@@ -259,7 +259,7 @@ class Reducer:
             return
         # sync: reaching the target closes the round in reduce(); a rank lost fails it; otherwise the timeout ends it
         deadline = ctx.clock.now() + ctx.spec.averaging.timeout_s
-        while opened.result is None and ctx.clock.now() < deadline:
+        while opened.result is None and not opened.closing and ctx.clock.now() < deadline:
             lost = rank_lost(opened.world, dict(ctx.groups.live.get(opened.module, {})))
             if lost:
                 self._fail(opened, f"{RANK_LOST}: {lost[-8:]}")
@@ -310,6 +310,8 @@ class Reducer:
         except Exception as e:  # a bug in the rule must fail this round for its members, not leave them waiting
             logger.exception("closing %s round %d raised", module, round_)
             self._fail(opened, f"the reducer could not close the round: {type(e).__name__}")
+            return
+        if opened.result is not None:  # ended meanwhile (the sync baseline's rank check): one answer only
             return
         if self._moved(opened) is False:
             self._fail(opened, "the reducer's state moved past the round while it was open", RoundStatus.OUT_OF_SYNC)

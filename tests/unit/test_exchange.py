@@ -480,3 +480,81 @@ def test_a_round_sent_again_after_a_proven_lie_asks_a_candidate_that_still_defer
     # bounded: a candidate that never stops deferring is asked for a grace window at most (SPEC: 0.5 s + 2 s)
     got, asks = asyncio.run(go(after_lie=True, defer=1000))
     assert 2 <= asks <= 6 and got.status == "redirect"
+
+
+def test_the_merge_runs_off_the_event_loop_and_a_frame_arriving_during_it_is_late():
+    """A 25 M-value merge takes a second or more: run on the loop, it held every other request. Here the rule takes
+    0.5 s (a real thread sleeping): the loop keeps ticking meanwhile, and a frame sent once the close has begun is
+    answered late with the very mean the round's members got."""
+    import threading
+    import time
+
+    from pathswarm.protocol.rounds.exchange import rule_closer
+
+    started = threading.Event()
+
+    def slow_closer(contributions, numel, before):
+        started.set()
+        time.sleep(0.5)
+        return rule_closer(SPEC, contributions, numel, before)
+
+    async def go():
+        st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+        ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: st, closer=slow_closer)
+        ex.set_groups({"L0M0": 1})
+        fs = frames(2)
+        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, st.digest(), fs[0]))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        ticks, t0 = 0, time.monotonic()
+        while not first.done() and time.monotonic() - t0 < 5:
+            await asyncio.sleep(0.02)
+            ticks += 1
+        late = await ex.reduce("L0M0", 0, "p1", 10, st.digest(), fs[1])
+        return await first, ticks, late
+
+    first, ticks, late = asyncio.run(go())
+    assert ticks >= 10  # the loop ran ~25 times in the half second the merge took
+    assert first.status == "alone" and late.status == "late" and late.mean_frame == first.mean_frame
+
+
+def test_a_frame_sent_while_the_round_closes_is_late_not_merged():
+    import threading
+    import time
+
+    from pathswarm.protocol.rounds.exchange import rule_closer
+
+    started = threading.Event()
+
+    def slow_closer(contributions, numel, before):
+        started.set()
+        time.sleep(0.3)
+        return rule_closer(SPEC, contributions, numel, before)
+
+    async def go():
+        st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+        ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: st, closer=slow_closer)
+        ex.set_groups({"L0M0": 1})
+        fs = frames(2)
+        first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, st.digest(), fs[0]))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        during = await ex.reduce("L0M0", 0, "p1", 10, st.digest(), fs[1])  # the round is open, its close begun
+        return await first, during
+
+    first, during = asyncio.run(go())
+    assert list(first.contributors) == ["p0"] and during.status == "late" and during.mean_frame == first.mean_frame
+
+
+def test_a_rule_that_raises_fails_the_round_for_its_members_instead_of_leaving_them_waiting():
+    def broken(contributions, numel, before):
+        raise RuntimeError("a bug in the rule")
+
+    async def go():
+        st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+        ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: st, closer=broken)
+        ex.set_groups({"L0M0": 1})
+        return await asyncio.wait_for(ex.reduce("L0M0", 0, "p0", 10, st.digest(), frames(1)[0]), 5)
+
+    got = asyncio.run(go())
+    assert got.status == "failed" and "could not close" in got.reason and not got.mean_frame

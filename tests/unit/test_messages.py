@@ -1,0 +1,92 @@
+"""The round's typed messages (protocol/rounds/messages.py): each writes a header its own parser reads back equal, and
+a header a stranger bends (wrong types, out-of-range numbers, unknown statuses) is a WireError, never another
+exception; optional parts of a reply that do not parse are dropped, as the member's check relies on."""
+
+import pytest
+
+from pathswarm.protocol.rounds.messages import (
+    MAX_CONTRIBUTORS,
+    MAX_ROUND,
+    AlertRequest,
+    ContributeRequest,
+    FrameHeader,
+    FramesReply,
+    FramesRequest,
+    Refusal,
+    RoundReply,
+    RoundStatus,
+    StanceReply,
+    StanceRequest,
+    StateReply,
+    StateRequest,
+    frame_hash,
+)
+from pathswarm.protocol.rounds.reducers import Stance
+from pathswarm.protocol.wire import WireError
+
+H = frame_hash(b"frame")
+MESSAGES = [
+    ContributeRequest("L0M0", 3, 640, "ab" * 32, "cert", client=True),
+    RoundReply("L0M0", 3, RoundStatus.MERGED, ("QmA", "QmB"), 1280, "cd" * 32, "", ("QmA", "QmB"), "",
+               (("QmA", 640, H), ("QmB", 640, H))),
+    RoundReply("L0M0", 3, RoundStatus.REDIRECT, reason="QmA holds this round", redirect="QmA"),
+    StanceRequest("shared", 7, "ab" * 32, "cert"),
+    StanceReply(Stance.OPEN),
+    StateRequest("L1M1", "cert"),
+    StateReply("ok", 9, "ef" * 32, ("QmA",)),
+    FramesRequest("L0M0", 3, "QmA", "cert"),
+    FramesReply("ok", 2),
+    FrameHeader("QmB", 640),
+    AlertRequest("L0M0", 3, "QmLiar", "cert"),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_reads_back_what_it_wrote(msg):
+    assert type(msg).parse(msg.header()) == msg
+
+
+def test_a_status_is_one_key_with_its_wire_string():
+    assert RoundStatus("merged") == "merged" and {RoundStatus.MERGED} == {"merged"}
+    assert {"late": 1}[RoundStatus.LATE] == 1
+    assert RoundStatus.ALONE.applies and RoundStatus.ALONE.ours and RoundStatus.LATE.applies
+    assert not RoundStatus.LATE.ours and not RoundStatus.FAILED.applies
+    assert RoundReply("m", 0, "late").status is RoundStatus.LATE  # a plain string names one too
+
+
+@pytest.mark.parametrize("bad", [
+    {"round": "3"}, {"round": -1}, {"round": MAX_ROUND + 1}, {"round": True}, {"round": 1.0},
+    {"module": 7}, {"module": "m" * 200}, {"digest": None}, {"tokens": "640"}, {"tokens": False},
+])
+def test_a_bent_contribution_header_is_a_wire_error(bad):
+    header = {**ContributeRequest("L0M0", 3, 640, "ab" * 32).header(), **bad}
+    with pytest.raises(WireError):
+        ContributeRequest.parse(header)
+
+
+def test_a_token_count_out_of_range_is_parsed_for_the_reducer_to_refuse_with_a_reason():
+    # the reducer answers "token count too large" for that contribution alone (tests/unit/test_fuzz_parsers.py)
+    assert ContributeRequest.parse({**ContributeRequest("m", 0, 1, "d").header(), "tokens": 10**400}).tokens == 10**400
+
+
+def test_a_reply_with_an_unknown_status_is_a_wire_error_and_bad_optional_parts_are_dropped():
+    good = MESSAGES[1].header()
+    with pytest.raises(WireError, match="unknown round status"):
+        RoundReply.parse({**good, "status": "victory"})
+    bent = RoundReply.parse({**good, "frames": [["QmA", -5, "zz"]], "reducers": ["not a peer id!"], "tokens": -3,
+                             "contributors": ["QmA"] * (MAX_CONTRIBUTORS + 10), "reason": "x" * 5000})
+    assert bent.frames == () and bent.reducers == () and bent.tokens == 0  # the member then finds its entry missing
+    assert len(bent.contributors) == MAX_CONTRIBUTORS and len(bent.reason) == 200
+
+
+def test_replies_that_are_not_what_they_say():
+    assert Refusal.parse({"status": "refused", "reason": "rate limited"}) == Refusal("rate limited")
+    assert Refusal.parse({"status": "ok"}) is None
+    assert StateReply.parse({"status": "missing"}).status == "missing"
+    for bent in ({"round": "x"}, {"round": [1]}, {"round": -1}, {"reducers": "QmA"}, {"digest": "d" * 65}):
+        with pytest.raises(WireError):
+            StateReply.parse({**MESSAGES[6].header(), **bent})
+    with pytest.raises(WireError):
+        StanceReply.parse({"stance": "maybe"})
+    with pytest.raises(WireError):
+        FramesReply.parse({"status": "ok", "count": MAX_CONTRIBUTORS + 1})
