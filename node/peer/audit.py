@@ -41,7 +41,8 @@ seven rounds on average that rate 0.2 in a group of 3 takes (benchmarks/hostile.
 VERIFY_RETRY_S = (0.2, 1.0)
 """Jittered pause before asking a reducer not yet audited for its frames again (it refused, busy, or timed out)."""
 MAX_PASSED = 4096
-"""Reducers whose passed audits are counted (a reducer past it is checked before applying every round: safe)."""
+"""(reducer, module) pairs whose passed audits are counted (past it, a reducer is checked before applying every round:
+safe)."""
 FALSE_ALERTS_IGNORED = 3
 """A peer whose alerts were wrong this many times is not listened to again (each costs us a download)."""
 
@@ -88,9 +89,11 @@ class Auditor:
         self.alerted: set[tuple[str, int]] = set()  # (module, round) whose alert we checked: one check per round
         self.rng = random.SystemRandom()
         self._passed_now = False  # the last check found the mean right (read by _verify_now)
-        self.passed: dict[str, int] = {}
-        """Reducer → audits of its rounds that found its mean right (its first NEW_REDUCER_AUDITS rounds are all
-        audited). Bounded: only peers that reduced rounds for us."""
+        self.passed: dict[tuple[str, str], int] = {}
+        """(reducer, module) → audits of its rounds of that module that found its mean right: its first
+        NEW_REDUCER_AUDITS rounds of each module are all audited before they are applied (docs/SECURITY.md). Counted
+        per module: counted per reducer, a reducer of 3 modules left its probation after one round. Bounded: only
+        peers that reduced rounds for us."""
 
     def record(self, module: str, result: RoundReply, reference: float, own: tuple[int, bytes],
                holders: Iterable[str] = ()) -> str:
@@ -112,7 +115,7 @@ class Auditor:
         rate = self.cfg.audit_rate
         if rate <= 0:
             return ""
-        if self.passed.get(reducer, 0) < NEW_REDUCER_AUDITS:
+        if self.passed.get((reducer, module), 0) < NEW_REDUCER_AUDITS:
             return self._verify_now(module, result.round, reducer)
         if self.rng.random() < min(1.0, rate / audit_group_size(result.contributors, holders)):
             self._fetch(module, result.round, reducer, None)
@@ -217,12 +220,13 @@ class Auditor:
                 frames = None
         if check.alert is None:
             if frames is None:
-                if self.passed.get(got.reducer, 0) >= NEW_REDUCER_AUDITS:
+                if self.passed.get((got.reducer, check.module), 0) >= NEW_REDUCER_AUDITS:
                     # A random audit it did not answer (refused, timed out, frames it no longer keeps): proof of
                     # nothing to the others, so nobody leaves it, but we check its next rounds before applying them
                     # again. A liar that hides its frames then gets no round applied here; an honest reducer that
                     # was busy costs us NEW_REDUCER_AUDITS downloads.
-                    self.passed[got.reducer] = 0
+                    for key in [k for k in self.passed if k[0] == got.reducer]:  # all its modules: it hid frames
+                        self.passed[key] = 0
                     logger.warning("audit of %s round %d: its reducer %s did not show the frames; its next %d rounds "
                                    "are checked before they are applied", check.module, check.round,
                                    got.reducer[-8:], NEW_REDUCER_AUDITS)
@@ -239,8 +243,9 @@ class Auditor:
         if proof is None:
             if check.alert is None:
                 self._passed_now = True
-                if got.reducer in self.passed or len(self.passed) < MAX_PASSED:
-                    self.passed[got.reducer] = self.passed.get(got.reducer, 0) + 1
+                key = (got.reducer, check.module)
+                if key in self.passed or len(self.passed) < MAX_PASSED:
+                    self.passed[key] = self.passed.get(key, 0) + 1
             return ""
         reason = f"its mean of {check.module} round {check.round} is not what its frames give: {proof}"
         self.exchange.distrust(got.reducer, reason)

@@ -189,7 +189,7 @@ def test_a_new_reducers_first_rounds_are_audited_for_certain_then_at_random():
     assert [a.record("shared", result(r), 1.0, (5, b"x"), ["QmMe", "QmR", "QmB"]) for r in range(1, 4)] == [""] * 3
     assert fetched == [("now", 1), ("now", 2), ("now", 3)]  # none passed yet: checked before being applied
     assert a.record("shared", result(99), 1.0, (5, b"x"), []) == "a lie"  # the caller does not apply it
-    a.passed["QmR"] = NEW_REDUCER_AUDITS
+    a.passed[("QmR", "shared")] = NEW_REDUCER_AUDITS
     fetched.clear()
     a.record("shared", result(6), 1.0, (5, b"x"), ["QmMe", "QmR", "QmB"])
     a.record("shared", result(7, "QmNew"), 1.0, (5, b"x"), ["QmMe", "QmNew", "QmB"])
@@ -217,7 +217,7 @@ def test_a_reducer_that_does_not_answer_a_random_audit_is_checked_before_applyin
     a._fetch = lambda module, r, source, alert: None
     a._verify_now = lambda module, r, reducer: now.append(r) or ""
     a.rng.random = lambda: 0.0  # drawn for a random audit
-    a.passed["QmR"] = NEW_REDUCER_AUDITS
+    a.passed[("QmR", "shared")] = NEW_REDUCER_AUDITS
     result = RoundResult("shared", 5, "merged", tuple(["QmMe", "QmR"]), 10, "ab", mean_frame=b"x", reducer="QmR",
                          frames=(("QmMe", 5, "00"), ("QmR", 5, "11")))
     assert a.record("shared", result, 1.0, (5, b"x"), ["QmMe", "QmR"]) == ""
@@ -226,7 +226,7 @@ def test_a_reducer_that_does_not_answer_a_random_audit_is_checked_before_applyin
     refused.set_exception(ConnectionError("refused"))
     assert a._check(_Check("shared", 5, "QmR", None, refused)) == ""  # proves nothing: nobody is told
     assert "QmR" not in Exchange.distrusted
-    assert a.passed["QmR"] == 0  # on probation
+    assert a.passed[("QmR", "shared")] == 0  # on probation
     a.record("shared", dataclasses.replace(result, round=6), 1.0, (5, b"x"), ["QmMe", "QmR"])
     assert now == [6]  # its next round is checked before it is applied
 
@@ -285,3 +285,37 @@ def test_a_member_answered_late_may_read_the_rounds_frames():
     assert answer(result, "QmLate", ex.audits.store).status == "late"
     assert ex.audits.store.may_read("m", 0, "QmLate") and ex.audits.store.may_read("m", 0, "QmA")
     assert not ex.audits.store.may_read("m", 0, "QmStranger")
+
+
+def test_probation_counts_per_reducer_and_module():
+    """docs/SECURITY.md: a reducer's first NEW_REDUCER_AUDITS rounds *of each module* are checked before they are
+    applied. Counted per reducer, a reducer of 3 modules left its probation after one round of each (issue 27)."""
+    from concurrent.futures import Future
+
+    from pathswarm.node.peer.audit import NEW_REDUCER_AUDITS, Auditor, _Check
+    from pathswarm.node.peer.config import NodeConfig, NodeStatus
+
+    result, _, sent = closed_round()  # an honest round of 3 contributors; the auditor is none of them
+
+    class Exchange:  # what _check reads of the exchange
+        distrusted: dict = {}
+        numels = {m: NUMEL for m in ("m1", "m2", "m3")}
+
+    a = Auditor(NodeConfig(spec=SPEC, audit_rate=0.2), NodeStatus(peer_id="QmMe"), Exchange(), None)
+    a.rng.random = lambda: 0.999  # never drawn for a random audit
+    checked: list = []
+
+    def verify_now(module, r, reducer):  # the download itself is tested end to end; the check is the real one
+        checked.append((module, r))
+        frames: Future = Future()
+        frames.set_result(dict(sent))
+        return a._check(_Check(module, r, reducer, None, frames))
+
+    a._verify_now = verify_now
+    honest = dataclasses.replace(result, reducer="QmR")
+    for r in range(1, NEW_REDUCER_AUDITS + 2):
+        for m in ("m1", "m2", "m3"):
+            assert a.record(m, dataclasses.replace(honest, round=r), 0.0, (1, b""), PEERS) == ""
+    # each module's first rounds were checked, one by one, however many modules the reducer holds
+    assert checked == [(m, r) for r in range(1, NEW_REDUCER_AUDITS + 1) for m in ("m1", "m2", "m3")]
+    assert all(a.passed[("QmR", m)] == NEW_REDUCER_AUDITS for m in ("m1", "m2", "m3"))
