@@ -30,7 +30,11 @@ class GroupView:
     """What the node last derived from the claims, for the rounds this node reduces."""
 
     expected: Mapping[str, int] = field(default_factory=dict)
-    """Module → contributions that close a round early (the holders whose contributions we accept)."""
+    """Module → contributions that close a round early when `holders` does not name the module (the sync baseline:
+    the job's whole world, which only grows)."""
+    holders: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Module → its claimants: the reducer's quorum counts those whose contributions it accepts and that are not
+    silent (reducer.py `ModuleLog.silent`)."""
     live: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     """Sync baseline: module → {live holder: the round its claim says}. A holder whose claim lapses or restarts
     at a lower round has lost its rank: the open round fails for all."""

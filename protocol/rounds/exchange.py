@@ -82,12 +82,15 @@ class ModuleExchange:
     # ---- what the node tells the exchange ------------------------------------------------------------
     def set_groups(self, expected: Mapping[str, int], live: Mapping[str, Mapping[str, int]] | None = None,
                    genesis: Mapping[str, tuple[str, ...]] | None = None,
-                   partners: Mapping[str, tuple[str, ...]] | None = None) -> None:
+                   partners: Mapping[str, tuple[str, ...]] | None = None,
+                   holders: Mapping[str, tuple[str, ...]] | None = None) -> None:
         """The groups the node derived from the claims (context.py `GroupView`); None keeps the current part."""
         old = self.ctx.groups
-        self.ctx.groups = GroupView(dict(expected), old.live if live is None else dict(live),
-                                    old.genesis if genesis is None else dict(genesis),
-                                    old.partners if partners is None else dict(partners))
+        self.ctx.groups = GroupView(
+            expected=dict(expected), live=old.live if live is None else dict(live),
+            genesis=old.genesis if genesis is None else dict(genesis),
+            partners=old.partners if partners is None else dict(partners),
+            holders=old.holders if holders is None else {m: tuple(p) for m, p in holders.items()})
 
     def set_client(self, client: bool) -> None:
         self.ctx.client = client

@@ -121,6 +121,9 @@ class Member:
                 return failed(module, round_, "the reducer misreported our contribution", reducer=reducer)
         if last.applicable:
             ctx.fresh.discard(module)
+            log = self.reducer.logs[module]
+            for peer in last.contributors:  # active in the module: our own rounds wait for them
+                log.note_seen(peer, round_)
         return last
 
     async def _contribute_to(self, reducer: str, module: str, round_: int, tokens: int, digest: str, frame: bytes,

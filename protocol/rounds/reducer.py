@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 RESULTS_KEPT = 4  # closed rounds a reducer remembers for late members
 RESULTS_LOGGED = 64  # rounds whose merged tokens a reducer remembers (a healed split takes them back)
 RANK_LOST = "a member left the world"  # sync baseline: reason prefix of a round failed because a member died
+SILENT_ROUNDS = 3
+"""A claimant none of whose frames reached us (merged or late) in this many rounds of a module, after claiming it
+this long, no longer holds that module's rounds open: it counts toward the quorum again once a frame of it does."""
 
 Closer = Callable[[Sequence[tuple[str, int, bytes]], int, OuterState | None], ClosedRound]
 """(contributions as (peer, tokens, frame) sorted by peer, the module's size, the state the round opened with) →
@@ -96,6 +99,23 @@ class ModuleLog:
     hears the result cannot count its own tokens; the reducer that merged them can)."""
     reduced: dict[int, int] = field(default_factory=dict)
     """State round the result makes → tokens we merged into it (a healed split takes them back)."""
+    claimed_since: dict[str, int] = field(default_factory=dict)
+    """Claimant → the round of the module at which we first counted it (only current claimants are kept)."""
+    seen: dict[str, int] = field(default_factory=dict)
+    """Peer → the latest round of the module in which a frame of it reached us, or a result we applied merged it."""
+
+    def note_claims(self, holders: tuple[str, ...], round_: int) -> None:
+        self.claimed_since = {p: self.claimed_since.get(p, round_) for p in holders}
+        self.seen = {p: r for p, r in self.seen.items() if p in self.claimed_since}
+
+    def note_seen(self, peer: str, round_: int) -> None:
+        if peer in self.claimed_since or len(self.seen) < len(self.claimed_since) + 64:  # bounded by the claims
+            self.seen[peer] = max(self.seen.get(peer, round_), round_)
+
+    def silent(self, peer: str, round_: int) -> bool:
+        """A claimant that has missed the last SILENT_ROUNDS rounds (it claimed the module at least that long)."""
+        since = self.claimed_since.get(peer, round_)
+        return round_ - since >= SILENT_ROUNDS and round_ - self.seen.get(peer, since - 1) > SILENT_ROUNDS
 
     def remember(self, round_: int, digest_before: str, result: RoundReply, tokens: int) -> None:
         self.closed[round_] = (digest_before, result)
@@ -159,6 +179,7 @@ class Reducer:
         if why := self.ctx.trust.ignored(sender):
             return failed(module, round_, why)
         log = self.logs[module]
+        log.note_seen(sender, round_)  # merged or late, it is not silent (the quorum waits for it again)
         if round_ in log.closed:
             digest_before, result = log.closed[round_]
             if digest != digest_before:
@@ -224,11 +245,24 @@ class Reducer:
     def open_round(self, module: str, round_: int, mine: OuterState) -> ReducerRound:
         ctx = self.ctx
         quorum = 1 << 30 if ctx.sync_world else ctx.spec.averaging.min_group  # sync: all of them
-        target = max(1, min(quorum, ctx.groups.expected.get(module, 1)))
+        target = max(1, min(quorum, self._expected(module, round_)))
         world = dict(ctx.groups.live.get(module, {}))
         opened = self.logs[module].open[round_] = ReducerRound(module, round_, mine.digest(), target, world=world)
         asyncio.get_running_loop().create_task(self._close_after_grace(opened))
         return opened
+
+    def _expected(self, module: str, round_: int) -> int:
+        """How many contributions the round waits for before its grace window ends. A claimant whose contributions
+        we refuse (a proven liar, a revoked member) cannot complete it, and a silent one (it claims the module but
+        sends nothing) would not: counted, either held every such round open for the whole grace window
+        (benchmarks/hostile.py; issue 27: 0.90 → 0.3 rounds/s with one silent claimant in 3 nodes)."""
+        ctx = self.ctx
+        holders = None if ctx.sync_world else ctx.groups.holders.get(module)
+        if holders is None:
+            return ctx.groups.expected.get(module, 1)
+        log = self.logs[module]
+        log.note_claims(holders, round_)
+        return sum(1 for p in holders if not ctx.trust.refuses(p) and not log.silent(p, round_))
 
     def stance(self, module: str, round_: int, digest: str, asker: str) -> Stance:
         """Our stance on (module, round) when a candidate asks; we open the round for a later candidate, so the

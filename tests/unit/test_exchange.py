@@ -558,3 +558,40 @@ def test_a_rule_that_raises_fails_the_round_for_its_members_instead_of_leaving_t
 
     got = asyncio.run(go())
     assert got.status == "failed" and "could not close" in got.reason and not got.mean_frame
+
+
+@pytest.mark.timeout(20)
+def test_a_silent_claimant_stops_holding_rounds_open_until_a_frame_of_it_arrives():
+    """Issue 27: a peer that claims the module and never contributes held every round open for the whole grace
+    window. It counts toward the quorum for its first SILENT_ROUNDS rounds, then not, until one of its frames (even
+    a late one) reaches the reducer; a peer whose contributions are refused (a proven liar) never counts."""
+    from pathswarm.protocol.rounds.reducer import SILENT_ROUNDS
+
+    spec = SwarmSpec(averaging=AveragingSpec(min_group=8, grace_s=30.0))
+
+    async def go():
+        clock = ManualClock()
+        mine, ex = clocked_exchange(spec, clock)
+        ex.set_groups({}, holders={"L0M0": ("a", "reducer", "silent", "liar")})
+        ex.distrust("liar", "test: a proven liar")
+        f = frames(3)
+        digest, waited = mine.digest(), []
+        for r in range(SILENT_ROUNDS + 3):
+            both = [asyncio.ensure_future(ex.reduce("L0M0", r, p, 10, digest, x))
+                    for p, x in (("reducer", f[0]), ("a", f[1]))]
+            await asyncio.wait(both, timeout=0.5)
+            waited.append(not all(b.done() for b in both))
+            if waited[-1]:
+                await clock.advance(30.0)  # the grace window ends
+                await asyncio.wait(both, timeout=5)
+            results = [b.result() for b in both]
+            assert {x.status for x in results} == {"merged"}, (r, waited, results)
+            if r == SILENT_ROUNDS + 1:  # the silent one sends again, late: the round closed without it
+                assert (await ex.reduce("L0M0", r, "silent", 10, digest, f[2])).status == "late"
+            digest = results[0].digest_after
+        return waited
+
+    waited = asyncio.run(go())
+    # rounds 0..2: the silent claimant is new and counted; round 3, 4: not (the liar never); round 5: its late frame
+    # of round 4 counts it again
+    assert waited == [True] * SILENT_ROUNDS + [False, False, True]
