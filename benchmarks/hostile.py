@@ -15,7 +15,12 @@ third node (path 1.0: it shares `shared`) joins a third of the way in and trains
   that merges three contributions; the honest nodes audit at the default rate (`--audit-rate 0.2`: each audits a
   round with probability 0.2 / 3), so the lie goes on until an audit catches it;
 - `flood`: tests/hostile_flood.py floods node a for the whole run, 8 requests at a time, every kind its exchange
-  serves (state downloads left unread, junk contributions, stance questions, audit-frame requests).
+  serves (state downloads left unread, junk contributions, stance questions, audit-frame requests);
+- `silent-claimant` (issue 27): a third node on path 0.0 that claims `shared` and `L0M0` and never contributes (a
+  real node paced to 1 token/s: its first round would take minutes); the goal reads the honest nodes' rounds per
+  second against the clean arm's (≥ 0.9) besides their loss;
+- `late-liar` (issue 27): the lying reducer of `lying-reducer`, honest through its checked rounds, lying from round
+  LATE_LIE_ROUND of each module on (its lies are then applied until an audit catches one).
 Contributions with bounded, scaled, sign-flipped, NaN or wrong-shape outer gradients are measured by
 benchmarks/byzantine.py on the node's round rule (a simulator: it needs no network to show the screen's effect).
 
@@ -54,7 +59,9 @@ from pathswarm.protocol.spec import AveragingSpec, DataSpec, InnerOptSpec, Model
 H, STEPS_PER_S, BATCH, CONTEXT = 10, 5, 4, 32
 HONEST = {"a": "0.0", "b": "0.1"}
 JOINER_PATH = "1.0"  # its L0M1 is a module nobody has trained before it joins
-ARMS = ("clean", "forged-state", "dht-stuffing", "lying-reducer", "flood")
+ARMS = ("clean", "forged-state", "dht-stuffing", "lying-reducer", "flood", "silent-claimant", "late-liar")
+LATE_LIE_ROUND = 6  # the late liar lies from this round of a module on: past its NEW_REDUCER_AUDITS checked rounds
+SPEED_GOAL = 0.9  # a silent claimant: the honest nodes' rounds per second ≥ this × the clean arm's
 GOAL = 0.02
 HELDOUT_DOCS, HELDOUT_SEED, HELDOUT_BATCHES = 1000, 12345, 200  # 200 batches × 4 × 32 bytes a path
 
@@ -125,16 +132,23 @@ def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
     spec_path.write_text(spec_text())
     hostile: subprocess.Popen | None = None
     stop = threading.Event()
-    keys = ground_identities(workdir, "liar", list(HONEST)) if arm == "lying-reducer" else {}
+    liar_arm = arm in ("lying-reducer", "late-liar")
+    keys = ground_identities(workdir, "liar", list(HONEST)) if liar_arm else {}
+    third = liar_arm or arm == "silent-claimant"
     with LocalSwarm(spec_path, workdir / "run") as swarm:
         swarm.start_bootstrap()
         for i, (name, path) in enumerate(HONEST.items()):
             ident = ["--identity", str(keys[name])] if keys else []
             swarm.start_node(name, path=path, max_rounds=rounds, seed=i,
-                             extra=["--wait-peers", "3" if keys else "2", *pace(), *ident])
-        if arm == "lying-reducer":  # holds `shared` and `L0M0` with a and b; lies in rounds that merge all three
-            swarm.start_node("liar", path="0.0", max_rounds=rounds, seed=7, entry=["-m", "tests.lying_node", "3"],
+                             extra=["--wait-peers", "3" if third else "2", *pace(), *ident])
+        if liar_arm:  # holds `shared` and `L0M0` with a and b; lies in rounds that merge all three
+            after = str(LATE_LIE_ROUND if arm == "late-liar" else 0)
+            swarm.start_node("liar", path="0.0", max_rounds=rounds, seed=7,
+                             entry=["-m", "tests.lying_node", "3", after],
                              extra=["--wait-peers", "3", *pace(), "--identity", str(keys["liar"])])
+        if arm == "silent-claimant":  # claims path 0.0 (so `shared` and `L0M0`) and never finishes a round
+            swarm.start_node("silent", path="0.0", max_rounds=rounds, seed=7,
+                             extra=["--wait-peers", "3", "--max-tokens-per-s", "1"])
         for name in HONEST:
             swarm.wait_ready(name)
         if arm == "flood":  # for most of the run: it then writes its report and leaves
@@ -175,7 +189,7 @@ def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
                     pass
             hostile.kill()
         st = {n: swarm.status(n) or {} for n in names}
-        liar = swarm.status("liar") if arm == "lying-reducer" else None
+        liar = swarm.status("liar") if liar_arm else None
         lies = (workdir / "run" / "liar.log").read_text().count("LYING") if liar is not None else None
         heldout = heldout_losses(spec_path, {n: (p, swarm.node_files(n)["checkpoint"])
                                              for n, p in {**HONEST, "c": JOINER_PATH}.items()})
@@ -186,6 +200,7 @@ def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
         "val_loss": {n: st[n].get("val_loss_after") for n in HONEST},
         "heldout_loss": heldout,
         "rounds_failed": {n: st[n].get("rounds_failed", 0) for n in HONEST},
+        "rounds_per_s": {n: st[n].get("round", 0) / max(st[n].get("train_wall_s") or 0.0, 1e-9) for n in HONEST},
         "rounds_retried": {n: st[n].get("rounds_retried", 0) for n in HONEST},
         "bytes": {n: st[n].get("bytes_sent", 0) + st[n].get("bytes_received", 0) for n in HONEST},
         "replica_mismatches": len(mismatches), "digests_compared": compared,
@@ -264,15 +279,22 @@ def main() -> None:
             "rounds_lied": [r["rounds_lied"] for r in rs if r["rounds_lied"] is not None],
             "liar_caught_by": [r["liar_caught_by"] for r in rs if r["liar_caught_by"] is not None],
             "flood_requests_sent": [sum(r["flood"]["sent"].values()) for r in rs if r["flood"]],
+            "rounds_per_s": {n: statistics.fmean(r["rounds_per_s"][n] for r in rs) for n in HONEST},
         }
+    for arm in arms:
+        arms[arm]["speed_ratio"] = {n: arms[arm]["rounds_per_s"][n] / max(arms["clean"]["rounds_per_s"][n], 1e-9)
+                                    for n in HONEST}
     attacks = [a for a in arms_run if a != "clean"]
     meets = all(max(arms[a]["loss_ratio"].values()) <= 1 + GOAL and arms[a]["replica_mismatches"] == 0
-                and arms[a]["crashed"] == 0 and not arms[a]["forged_state_adopted"] for a in attacks)
+                and arms[a]["crashed"] == 0 and not arms[a]["forged_state_adopted"]
+                and (a != "silent-claimant" or min(arms[a]["speed_ratio"].values()) >= SPEED_GOAL) for a in attacks)
     result = {"benchmark": "hostile", "rounds": args.rounds, "repeats": args.repeats, "machine": machine(),
-              "arms": arms, "goal": "each attack: honest loss within 2 % of clean, replicas identical, no crash",
+              "arms": arms, "goal": "each attack: honest loss within 2 % of clean, replicas identical, no crash; "
+              "a silent claimant: rounds per second >= 0.9 x clean's",
               "meets_goal": meets, "wall_s": round(time.monotonic() - t0, 1)}
     for a in attacks:
-        print(f"{a}: honest loss / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['loss_ratio'].items())}")
+        print(f"{a}: honest loss / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['loss_ratio'].items())}; "
+              f"rounds/s / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['speed_ratio'].items())}")
     write_json(args.json, result)
     plot(result, args.plot)
 
