@@ -66,7 +66,7 @@ TARGETS = [  # (module, attribute, timer): what a round runs, by the file that c
     ("pathswarm.protocol.rounds.exchange", "rule_closer", "reduce_close"),
     ("pathswarm.protocol.rounds.rule", "decode_mean", "decode_mean"),
     ("pathswarm.protocol.rounds.merge", "merge", "merge"),
-    ("pathswarm.protocol.rounds.rule", "encode_with", "encode_mean"),
+    ("pathswarm.protocol.rounds.rule", "encode_mean", "encode_mean"),
     ("pathswarm.compression.feedback", "encode_values", "encode_values"),
     ("pathswarm.node.peer.checkpoints", "save_checkpoint", "checkpoint_save"),
     ("pathswarm.node.peer.resume", "save_partial", "partial_save"),

@@ -124,6 +124,6 @@ class Splits:
         if mine is None or mine.round != heal.round or mine.digest() != heal.ours:
             return  # our state moved on (a re-sync already replaced it)
         lost = lost_since(self.rounds.merged_log.get(heal.module, {}), heal.round)
-        reduced = self.exchange.take_back_reduced(heal.module, heal.round)
+        reduced = self.sync.net.run(self.exchange.take_back_reduced(heal.module, heal.round), 10)
         self.status.split_healed(heal.module, lost, reduced)
         self.rounds.resyncs.request_from(heal.module, heal.peer)

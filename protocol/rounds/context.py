@@ -80,10 +80,6 @@ class Context:
         """The stream protocol name of a request kind (contribute, state, stance, frames, alert)."""
         return f"pathswarm.{self.prefix}.{kind}"
 
-    def frame_limit(self, module: str) -> int:
-        """The most bytes a frame of `module` may have (a contribution or a mean), asked of the spec's codec."""
-        return self.spec.codec.max_frame_bytes(self.numels[module])
-
     def contribution_limit(self, module: str) -> int:
         """The most bytes a member's frame of `module` may have."""
         return self.spec.codec.max_contribution_bytes(self.numels[module])

@@ -148,9 +148,9 @@ class ModuleExchange:
         log = self.reducer.logs.get(module)
         return log.tokens_reduced if log is not None else 0
 
-    def take_back_reduced(self, module: str, first_round: int) -> int:
+    async def take_back_reduced(self, module: str, first_round: int) -> int:
         """A split we lost: the tokens we merged into `module`'s states from `first_round` on no longer count.
-        Returns them."""
+        Returns them. A coroutine: run on the network loop, where the reducer adds to the same count."""
         log = self.reducer.logs[module]
         tokens = sum(t for r, t in log.reduced.items() if r >= first_round)
         log.tokens_reduced -= tokens

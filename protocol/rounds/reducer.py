@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pathswarm.protocol.rounds.audit import FrameStore
@@ -72,10 +73,16 @@ class ReducerRound:
     """The earlier candidates were asked (stance.py); until then no frame enters."""
     closing: bool = False
     """The merge has begun: frames arriving now are answered late."""
+    uncounted: set[str] = field(default_factory=set)
+    """Claimants the quorum left out as silent when the round opened: one that sends a frame raises the quorum by
+    one, so that it does not complete the round in the place of a counted holder (who would then be late)."""
 
     def add(self, sender: str, tokens: int, frame: bytes) -> bool:
         """Take a frame while the round is open; True when the quorum is in (the caller closes it)."""
         if self.result is None and not self.closing:
+            if sender in self.uncounted and sender not in self.frames:
+                self.uncounted.discard(sender)
+                self.target += 1
             self.frames[sender] = (tokens, frame)
         return not self.closing and self.result is None and len(self.frames) >= self.target
 
@@ -103,8 +110,15 @@ class ModuleLog:
     """Claimant → the round of the module at which we first counted it (only current claimants are kept)."""
     seen: dict[str, int] = field(default_factory=dict)
     """Peer → the latest round of the module in which a frame of it reached us, or a result we applied merged it."""
+    noted_round: int = -1
+    """The round of the last `note_claims`: silence is counted in rounds this node saw."""
 
     def note_claims(self, holders: tuple[str, ...], round_: int) -> None:
+        if round_ - self.noted_round > SILENT_ROUNDS:
+            # We saw none of the rounds between (we were out of sync, or re-synced ahead): every claimant would look
+            # silent at once. Count afresh from here.
+            self.claimed_since, self.seen = {}, {}
+        self.noted_round = max(self.noted_round, round_)
         self.claimed_since = {p: self.claimed_since.get(p, round_) for p in holders}
         self.seen = {p: r for p, r in self.seen.items() if p in self.claimed_since}
 
@@ -152,6 +166,9 @@ class Reducer:
         self.stances = Stances(ctx)
         self.behind: dict[str, str] = {}
         """Module → a peer that is ahead of us (the node re-syncs from it)."""
+        # One merge at a time, as when they ran on the loop: a node's modules close in the same grace window, and
+        # each 25 M-value merge holds every decoded contribution (memory) and competes with training for the cores.
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pathswarm-merge")
 
     def effective_state(self, module: str) -> OuterState | None:
         """Our module state, or the state it will have after the rounds we closed, whichever is newer."""
@@ -179,17 +196,18 @@ class Reducer:
         if why := self.ctx.trust.ignored(sender):
             return failed(module, round_, why)
         log = self.logs[module]
-        log.note_seen(sender, round_)  # merged or late, it is not silent (the quorum waits for it again)
         if round_ in log.closed:
             digest_before, result = log.closed[round_]
             if digest != digest_before:
                 return failed(module, round_, "state before the round differs", RoundStatus.OUT_OF_SYNC)
+            log.note_seen(sender, round_)  # a late frame of our state: not silent (the quorum waits for it again)
             # A contributor asking again lost our reply: its outer gradient is in the mean ("merged", not "late").
             return answer(result, sender, self.store)
         mine = await self._wait_for_state(module)
         if (refusal := self._compare(module, round_, sender, digest, mine)) is not None:
             return refusal
         assert mine is not None
+        log.note_seen(sender, mine.round)  # a frame of our very state and round (only such a frame counts)
         opened = log.open.get(round_)
         if opened is not None and digest != opened.digest_before:
             # Our own state changed (a re-sync) after the round opened: merging outer gradients taken from two
@@ -201,7 +219,9 @@ class Reducer:
                 return got
             opened = got
         if opened.add(sender, tokens, frame):
-            await self._close(opened)
+            # Shielded: a member whose wait ends (its timeout, a handler's deadline) must not cancel the close, which
+            # would leave the round closing forever, with every other member waiting on it.
+            await asyncio.shield(self._close(opened))
         await opened.done.wait()
         assert opened.result is not None
         if opened.result.status in (RoundStatus.FAILED, RoundStatus.OUT_OF_SYNC):
@@ -245,24 +265,29 @@ class Reducer:
     def open_round(self, module: str, round_: int, mine: OuterState) -> ReducerRound:
         ctx = self.ctx
         quorum = 1 << 30 if ctx.sync_world else ctx.spec.averaging.min_group  # sync: all of them
-        target = max(1, min(quorum, self._expected(module, round_)))
+        counted, silent = self._expected(module, round_)
         world = dict(ctx.groups.live.get(module, {}))
-        opened = self.logs[module].open[round_] = ReducerRound(module, round_, mine.digest(), target, world=world)
+        opened = self.logs[module].open[round_] = ReducerRound(module, round_, mine.digest(),
+                                                               max(1, min(quorum, counted)), world=world,
+                                                               uncounted=set(silent))
         asyncio.get_running_loop().create_task(self._close_after_grace(opened))
         return opened
 
-    def _expected(self, module: str, round_: int) -> int:
+    def _expected(self, module: str, round_: int) -> tuple[int, tuple[str, ...]]:
         """How many contributions the round waits for before its grace window ends. A claimant whose contributions
         we refuse (a proven liar, a revoked member) cannot complete it, and a silent one (it claims the module but
         sends nothing) would not: counted, either held every such round open for the whole grace window
-        (benchmarks/hostile.py; issue 27: 0.90 → 0.3 rounds/s with one silent claimant in 3 nodes)."""
+        (benchmarks/hostile.py; issue 27: 0.90 → 0.3 rounds/s with one silent claimant in 3 nodes).
+        Returns the count and the silent claimants left out."""
         ctx = self.ctx
         holders = None if ctx.sync_world else ctx.groups.holders.get(module)
         if holders is None:
-            return ctx.groups.expected.get(module, 1)
+            return ctx.groups.expected.get(module, 1), ()
         log = self.logs[module]
         log.note_claims(holders, round_)
-        return sum(1 for p in holders if not ctx.trust.refuses(p) and not log.silent(p, round_))
+        welcome = [p for p in holders if not ctx.trust.refuses(p)]
+        silent = tuple(p for p in welcome if log.silent(p, round_))
+        return len(welcome) - len(silent), silent
 
     def stance(self, module: str, round_: int, digest: str, asker: str) -> Stance:
         """Our stance on (module, round) when a candidate asks; we open the round for a later candidate, so the
@@ -336,15 +361,24 @@ class Reducer:
             self._fail(opened, "the reducer's state moved past the round while it was open", RoundStatus.OUT_OF_SYNC)
             return
         module, round_, numel = opened.module, opened.round, self.ctx.numels[opened.module]
+        if not opened.frames:  # opened for a later candidate's question, nobody came: nothing to merge
+            self._drop(opened)
+            opened.finish(failed(module, round_, "no valid contribution"))
+            return
         contributions = [(p, *opened.frames[p]) for p in sorted(opened.frames)]
         # Off the event loop: a 25 M-value merge takes a second or more, and every other request would wait for it.
         before = moved if isinstance(moved, OuterState) else None
         try:
-            closed = await asyncio.get_running_loop().run_in_executor(None, self.closer, contributions, numel, before)
-        except Exception as e:  # a bug in the rule must fail this round for its members, not leave them waiting
-            logger.exception("closing %s round %d raised", module, round_)
-            self._fail(opened, f"the reducer could not close the round: {type(e).__name__}")
-            return
+            closed = await asyncio.get_running_loop().run_in_executor(self.executor, self._close_and_hash,
+                                                                      contributions, numel, before)
+        except BaseException as e:  # a bug in the rule (or the loop ending) must not leave the members waiting
+            if opened.result is None:
+                if isinstance(e, Exception):
+                    logger.exception("closing %s round %d raised", module, round_)
+                self._fail(opened, f"the reducer could not close the round: {type(e).__name__}")
+            if isinstance(e, Exception):
+                return
+            raise
         if opened.result is not None:  # ended meanwhile (the sync baseline's rank check): one answer only
             return
         if self._moved(opened) is False:
@@ -356,6 +390,13 @@ class Reducer:
             opened.finish(failed(module, round_, "no valid contribution"))
             return
         self._publish(opened, closed)
+
+    def _close_and_hash(self, contributions: list, numel: int, before: OuterState | None) -> ClosedRound:
+        """The round rule's close, and the digest of the state it makes (hashed here, off the loop, once)."""
+        closed = self.closer(contributions, numel, before)
+        if closed.after is not None:
+            closed.after.digest()
+        return closed
 
     def _next_reducers(self, module: str, used: tuple[str, ...]) -> tuple[str, ...]:
         ctx = self.ctx

@@ -17,7 +17,7 @@ from pathswarm.protocol.clock import ManualClock
 from pathswarm.protocol.rounds.exchange import ModuleExchange
 from pathswarm.protocol.rounds.merge import weighted_average
 from pathswarm.protocol.rounds.outer import OuterState
-from pathswarm.protocol.rounds.reducer import RANK_LOST, rank_lost
+from pathswarm.protocol.rounds.reducer import RANK_LOST, ReducerRound, rank_lost
 from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
 from pathswarm.protocol.wire import MAGIC, WireError, read_message, write_message
 
@@ -595,3 +595,60 @@ def test_a_silent_claimant_stops_holding_rounds_open_until_a_frame_of_it_arrives
     # rounds 0..2: the silent claimant is new and counted; round 3, 4: not (the liar never); round 5: its late frame
     # of round 4 counts it again
     assert waited == [True] * SILENT_ROUNDS + [False, False, True]
+
+
+def test_a_member_that_stops_waiting_does_not_cancel_the_close_the_others_wait_for():
+    """The contribution that completes the quorum runs the close; its member may stop waiting (its own timeout, a
+    handler's deadline) while the merge runs. The close goes on: the round is closed, once, for the others."""
+    import threading
+    import time
+
+    from pathswarm.protocol.rounds.exchange import rule_closer
+
+    started = threading.Event()
+
+    def slow_closer(contributions, numel, before):
+        started.set()
+        time.sleep(0.4)
+        return rule_closer(SPEC, contributions, numel, before)
+
+    async def go():
+        st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+        ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: st, closer=slow_closer)
+        ex.set_groups({"L0M0": 2})
+        fs = frames(2)
+        other = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, st.digest(), fs[0]))
+        await asyncio.sleep(0.05)
+        with pytest.raises(TimeoutError):  # the frame that completes the quorum, then its member gives up
+            await asyncio.wait_for(ex.reduce("L0M0", 0, "p1", 10, st.digest(), fs[1]), 0.1)
+        return await asyncio.wait_for(other, 5), ex
+
+    got, ex = asyncio.run(go())
+    assert got.status == "merged" and list(got.contributors) == ["p0", "p1"]
+    assert 0 in ex.reducer.logs["L0M0"].closed and not ex.reducer.logs["L0M0"].open
+
+
+def test_only_a_frame_of_our_state_counts_a_claimant_as_active_and_a_returning_one_raises_the_quorum():
+    from pathswarm.protocol.rounds.reducer import SILENT_ROUNDS
+
+    st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+    ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: st)
+    log = ex.reducer.logs["L0M0"]
+    log.note_claims(("a", "reducer", "silent"), 0)
+    later = SILENT_ROUNDS  # noted every round in a live swarm; here the first and the one that counts
+    log.note_claims(("a", "reducer", "silent"), later)
+    assert log.silent("silent", later)
+
+    async def junk():  # a far-future round, then a digest that is not ours: neither is a frame of our state
+        await ex.reduce("L0M0", 10**6, "silent", 10, "ab" * 32, frames(1)[0])
+        await ex.reduce("L0M0", 0, "silent", 10, "ab" * 32, frames(1)[0])
+
+    asyncio.run(junk())
+    assert log.silent("silent", later)
+    # The round opened without it; its frame arrives: the quorum waits for the counted holders too.
+    opened = ReducerRound("L0M0", later, "d", target=2, uncounted={"silent"})
+    assert not opened.add("silent", 10, b"x") and opened.target == 3
+    assert not opened.add("a", 10, b"x") and opened.add("reducer", 10, b"x")
+    # A node that saw none of the rounds between (it re-synced far ahead) does not find everyone silent at once.
+    log.note_claims(("a", "reducer", "silent"), later + 10)
+    assert not any(log.silent(p, later + 10) for p in ("a", "reducer", "silent"))
