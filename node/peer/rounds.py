@@ -27,7 +27,7 @@ from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.rounds.exchange import ModuleExchange
 from pathswarm.protocol.rounds.messages import RoundReply, RoundStatus
-from pathswarm.protocol.rounds.reducer import RANK_LOST
+from pathswarm.protocol.rounds.reducer_state import RANK_LOST
 from pathswarm.protocol.rounds.reducers import candidates
 from pathswarm.protocol.rounds.rule import reference_norm
 

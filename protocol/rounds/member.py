@@ -18,7 +18,8 @@ import logging
 
 from pathswarm.protocol.rounds.context import Context
 from pathswarm.protocol.rounds.messages import ContributeRequest, Refusal, RoundReply, RoundStatus, frame_hash
-from pathswarm.protocol.rounds.reducer import RESULTS_KEPT, Reducer, failed
+from pathswarm.protocol.rounds.reducer import Reducer
+from pathswarm.protocol.rounds.reducer_state import RESULTS_KEPT, failed
 from pathswarm.protocol.rounds.trust import STANCE_TIMEOUT_S
 from pathswarm.protocol.wire import NotServingYetError, read_message, write_message
 

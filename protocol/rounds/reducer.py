@@ -22,139 +22,28 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from pathswarm.protocol.rounds.audit import FrameStore
 from pathswarm.protocol.rounds.context import Context
 from pathswarm.protocol.rounds.messages import MAX_TOKENS, RoundReply, RoundStatus, list_frames
 from pathswarm.protocol.rounds.outer import OuterState
+from pathswarm.protocol.rounds.reducer_state import (
+    RANK_LOST,
+    ModuleLog,
+    ReducerRound,
+    answer,
+    failed,
+    rank_lost,
+)
 from pathswarm.protocol.rounds.reducers import MAX_CANDIDATES, Stance, successors
 from pathswarm.protocol.rounds.rule import ClosedRound
 from pathswarm.protocol.rounds.stance import Stances
 
 logger = logging.getLogger(__name__)
 
-RESULTS_KEPT = 4  # closed rounds a reducer remembers for late members
-RESULTS_LOGGED = 64  # rounds whose merged tokens a reducer remembers (a healed split takes them back)
-RANK_LOST = "a member left the world"  # sync baseline: reason prefix of a round failed because a member died
-SILENT_ROUNDS = 3
-"""A claimant none of whose frames reached us (merged or late) in this many rounds of a module, after claiming it
-this long, no longer holds that module's rounds open: it counts toward the quorum again once a frame of it does."""
-
 Closer = Callable[[Sequence[tuple[str, int, bytes]], int, OuterState | None], ClosedRound]
 """(contributions as (peer, tokens, frame) sorted by peer, the module's size, the state the round opened with) →
 the closed round: the round rule's `close_round` (tests inject a lying one)."""
-
-
-def rank_lost(world: dict[str, int], live: dict[str, int]) -> str:
-    """A peer of `world` (holders when a sync round opened → the round their claim said) that has since died:
-    its claim lapsed, or it came back as a new process (its claim's round went down; rounds count per process).
-    Returns that peer's id, or '' when every rank is still there."""
-    for peer, round_ in sorted(world.items()):
-        if peer not in live or live[peer] < round_:
-            return peer
-    return ""
-
-
-@dataclass
-class ReducerRound:
-    """One (module, round) we reduce: the frames in, the quorum that closes it early, and its one result."""
-
-    module: str
-    round: int
-    digest_before: str
-    target: int
-    world: dict[str, int] = field(default_factory=dict)
-    """Sync baseline: live holders at opening → their claimed round."""
-    frames: dict[str, tuple[int, bytes]] = field(default_factory=dict)
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    result: RoundReply | None = None
-    checked: bool = False
-    """The earlier candidates were asked (stance.py); until then no frame enters."""
-    closing: bool = False
-    """The merge has begun: frames arriving now are answered late."""
-    uncounted: set[str] = field(default_factory=set)
-    """Claimants the quorum left out as silent when the round opened: one that sends a frame raises the quorum by
-    one, so that it does not complete the round in the place of a counted holder (who would then be late)."""
-
-    def add(self, sender: str, tokens: int, frame: bytes) -> bool:
-        """Take a frame while the round is open; True when the quorum is in (the caller closes it)."""
-        if self.result is None and not self.closing:
-            if sender in self.uncounted and sender not in self.frames:
-                self.uncounted.discard(sender)
-                self.target += 1
-            self.frames[sender] = (tokens, frame)
-        return not self.closing and self.result is None and len(self.frames) >= self.target
-
-    def finish(self, result: RoundReply) -> None:
-        self.result = result
-        self.done.set()
-
-
-@dataclass
-class ModuleLog:
-    """What this node keeps of one module's rounds as a reducer."""
-
-    open: dict[int, ReducerRound] = field(default_factory=dict)
-    closed: dict[int, tuple[str, RoundReply]] = field(default_factory=dict)
-    """Round → (the digest it opened with, its result): answered to members that ask late or again."""
-    post: OuterState | None = None
-    """The state the module will have once our node applies the rounds we closed: members that apply a mean faster
-    than our training loop does must not find us behind."""
-    tokens_reduced: int = 0
-    """Tokens in the rounds we closed with a mean: what entered the model through us (a member that dies before it
-    hears the result cannot count its own tokens; the reducer that merged them can)."""
-    reduced: dict[int, int] = field(default_factory=dict)
-    """State round the result makes → tokens we merged into it (a healed split takes them back)."""
-    claimed_since: dict[str, int] = field(default_factory=dict)
-    """Claimant → the round of the module at which we first counted it (only current claimants are kept)."""
-    seen: dict[str, int] = field(default_factory=dict)
-    """Peer → the latest round of the module in which a frame of it reached us, or a result we applied merged it."""
-    noted_round: int = -1
-    """The round of the last `note_claims`: silence is counted in rounds this node saw."""
-
-    def note_claims(self, holders: tuple[str, ...], round_: int) -> None:
-        if round_ - self.noted_round > SILENT_ROUNDS:
-            # We saw none of the rounds between (we were out of sync, or re-synced ahead): every claimant would look
-            # silent at once. Count afresh from here.
-            self.claimed_since, self.seen = {}, {}
-        self.noted_round = max(self.noted_round, round_)
-        self.claimed_since = {p: self.claimed_since.get(p, round_) for p in holders}
-        self.seen = {p: r for p, r in self.seen.items() if p in self.claimed_since}
-
-    def note_seen(self, peer: str, round_: int) -> None:
-        if peer in self.claimed_since or len(self.seen) < len(self.claimed_since) + 64:  # bounded by the claims
-            self.seen[peer] = max(self.seen.get(peer, round_), round_)
-
-    def silent(self, peer: str, round_: int) -> bool:
-        """A claimant that has missed the last SILENT_ROUNDS rounds (it claimed the module at least that long)."""
-        since = self.claimed_since.get(peer, round_)
-        return round_ - since >= SILENT_ROUNDS and round_ - self.seen.get(peer, since - 1) > SILENT_ROUNDS
-
-    def remember(self, round_: int, digest_before: str, result: RoundReply, tokens: int) -> None:
-        self.closed[round_] = (digest_before, result)
-        for old in sorted(self.closed)[:-RESULTS_KEPT]:
-            del self.closed[old]
-        self.tokens_reduced += tokens
-        self.reduced[round_ + 1] = tokens  # keyed by the state round the result makes, as the node's history
-        for old in sorted(self.reduced)[:-RESULTS_LOGGED]:
-            del self.reduced[old]
-
-
-def answer(result: RoundReply, sender: str, store: FrameStore) -> RoundReply:
-    """A closed round's result as told to `sender`: merged (or alone) when its frame is in the mean, else late."""
-    status = RoundStatus.MERGED if sender in result.contributors else RoundStatus.LATE
-    if status == RoundStatus.LATE:
-        # A late member applies the round too, so it may audit it: let it read the frames (audit.py).
-        store.allow(result.module, result.round, sender)
-    elif len(result.contributors) == 1:
-        status = RoundStatus.ALONE
-    return RoundReply(result.module, result.round, status, result.contributors, result.tokens, result.digest_after,
-                      reducers=result.reducers, frames=result.frames, mean_frame=result.mean_frame)
-
-
-def failed(module: str, round_: int, reason: str, status: RoundStatus = RoundStatus.FAILED, **kw) -> RoundReply:
-    return RoundReply(module, round_, status, reason=reason, **kw)
 
 
 class Reducer:
@@ -274,20 +163,13 @@ class Reducer:
         return opened
 
     def _expected(self, module: str, round_: int) -> tuple[int, tuple[str, ...]]:
-        """How many contributions the round waits for before its grace window ends. A claimant whose contributions
-        we refuse (a proven liar, a revoked member) cannot complete it, and a silent one (it claims the module but
-        sends nothing) would not: counted, either held every such round open for the whole grace window
-        (benchmarks/hostile.py; issue 27: 0.90 → 0.3 rounds/s with one silent claimant in 3 nodes).
-        Returns the count and the silent claimants left out."""
+        """How many contributions the round waits for before its grace window ends, and the silent claimants left
+        out (reducer_state.py `ModuleLog.quorum`); the sync baseline: the job's whole world."""
         ctx = self.ctx
         holders = None if ctx.sync_world else ctx.groups.holders.get(module)
         if holders is None:
             return ctx.groups.expected.get(module, 1), ()
-        log = self.logs[module]
-        log.note_claims(holders, round_)
-        welcome = [p for p in holders if not ctx.trust.refuses(p)]
-        silent = tuple(p for p in welcome if log.silent(p, round_))
-        return len(welcome) - len(silent), silent
+        return self.logs[module].quorum(holders, round_, ctx.trust.refuses)
 
     def stance(self, module: str, round_: int, digest: str, asker: str) -> Stance:
         """Our stance on (module, round) when a candidate asks; we open the round for a later candidate, so the
@@ -369,7 +251,7 @@ class Reducer:
         # Off the event loop: a 25 M-value merge takes a second or more, and every other request would wait for it.
         before = moved if isinstance(moved, OuterState) else None
         try:
-            closed = await asyncio.get_running_loop().run_in_executor(self.executor, self._close_and_hash,
+            closed = await asyncio.get_running_loop().run_in_executor(self.executor, close_and_hash, self.closer,
                                                                       contributions, numel, before)
         except BaseException as e:  # a bug in the rule (or the loop ending) must not leave the members waiting
             if opened.result is None:
@@ -391,29 +273,9 @@ class Reducer:
             return
         self._publish(opened, closed)
 
-    def _close_and_hash(self, contributions: list, numel: int, before: OuterState | None) -> ClosedRound:
-        """The round rule's close, and the digest of the state it makes (hashed here, off the loop, once)."""
-        closed = self.closer(contributions, numel, before)
-        if closed.after is not None:
-            closed.after.digest()
-        return closed
-
-    def _next_reducers(self, module: str, used: tuple[str, ...]) -> tuple[str, ...]:
-        ctx = self.ctx
-        reducers = successors(ctx.peer_id, used, ctx.clients | ({ctx.peer_id} if ctx.client else set()))
-        partners = ctx.groups.partners.get(module, ())
-        if set(used) == {ctx.peer_id} and len(partners) > 1:
-            # Alone in the round while holders we have merged this module with may reduce: each side of a split
-            # (after a revocation, say) would otherwise name only itself and reduce itself round after round, the
-            # split watch healing one round while the next is already in flight. Both sides have merged with each
-            # other and name the same sorted list, so they meet at its head next round (node/peer/claims.py
-            # `partners_of`; a node that just joined, at another round of the module, is not in it).
-            reducers = tuple(partners[:MAX_CANDIDATES])
-        return reducers
-
     def _publish(self, opened: ReducerRound, closed: ClosedRound) -> None:
         module, round_ = opened.module, opened.round
-        reducers = self._next_reducers(module, closed.used)
+        reducers = next_reducers(self.ctx, module, closed.used)
         merged = {p: opened.frames[p] for p in closed.used}
         self.store.keep(module, round_, merged)  # for members who audit the round
         after = None if closed.after is None else closed.after.with_reducers(reducers)
@@ -430,3 +292,25 @@ class Reducer:
     def forget_pending(self, module: str) -> None:
         """Our state of the module was replaced (re-sync): rounds we closed earlier no longer define it."""
         self.logs[module].post = None
+
+
+def next_reducers(ctx: Context, module: str, used: tuple[str, ...]) -> tuple[str, ...]:
+    """Who reduces the next round, as the result names them (reducers.py rule 1, with the partners' exception)."""
+    reducers = successors(ctx.peer_id, used, ctx.clients | ({ctx.peer_id} if ctx.client else set()))
+    partners = ctx.groups.partners.get(module, ())
+    if set(used) == {ctx.peer_id} and len(partners) > 1:
+        # Alone in the round while holders we have merged this module with may reduce: each side of a split
+        # (after a revocation, say) would otherwise name only itself and reduce itself round after round, the
+        # split watch healing one round while the next is already in flight. Both sides have merged with each
+        # other and name the same sorted list, so they meet at its head next round (node/peer/claims.py
+        # `partners_of`; a node that just joined, at another round of the module, is not in it).
+        reducers = tuple(partners[:MAX_CANDIDATES])
+    return reducers
+
+
+def close_and_hash(closer: Closer, contributions: list, numel: int, before: OuterState | None) -> ClosedRound:
+    """The round rule's close, and the digest of the state it makes (hashed here, on the merge thread, once)."""
+    closed = closer(contributions, numel, before)
+    if closed.after is not None:
+        closed.after.digest()
+    return closed

@@ -12,7 +12,7 @@ from pathswarm.protocol.rounds.exchange import ModuleExchange
 from pathswarm.protocol.rounds.messages import MAX_LISTED, frame_hash, parse_frame_list
 from pathswarm.protocol.rounds.messages import RoundReply as RoundResult
 from pathswarm.protocol.rounds.outer import OuterState
-from pathswarm.protocol.rounds.reducer import answer
+from pathswarm.protocol.rounds.reducer_state import answer
 from pathswarm.protocol.rounds.rule import AUDIT_TOLERANCE, audit_mean
 from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
 from pathswarm.protocol.wire import write_message

@@ -17,7 +17,7 @@ from pathswarm.protocol.clock import ManualClock
 from pathswarm.protocol.rounds.exchange import ModuleExchange
 from pathswarm.protocol.rounds.merge import weighted_average
 from pathswarm.protocol.rounds.outer import OuterState
-from pathswarm.protocol.rounds.reducer import RANK_LOST, ReducerRound, rank_lost
+from pathswarm.protocol.rounds.reducer_state import RANK_LOST, ReducerRound, rank_lost
 from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
 from pathswarm.protocol.wire import MAGIC, WireError, read_message, write_message
 
@@ -565,7 +565,7 @@ def test_a_silent_claimant_stops_holding_rounds_open_until_a_frame_of_it_arrives
     """Issue 27: a peer that claims the module and never contributes held every round open for the whole grace
     window. It counts toward the quorum for its first SILENT_ROUNDS rounds, then not, until one of its frames (even
     a late one) reaches the reducer; a peer whose contributions are refused (a proven liar) never counts."""
-    from pathswarm.protocol.rounds.reducer import SILENT_ROUNDS
+    from pathswarm.protocol.rounds.reducer_state import SILENT_ROUNDS
 
     spec = SwarmSpec(averaging=AveragingSpec(min_group=8, grace_s=30.0))
 
@@ -629,7 +629,7 @@ def test_a_member_that_stops_waiting_does_not_cancel_the_close_the_others_wait_f
 
 
 def test_only_a_frame_of_our_state_counts_a_claimant_as_active_and_a_returning_one_raises_the_quorum():
-    from pathswarm.protocol.rounds.reducer import SILENT_ROUNDS
+    from pathswarm.protocol.rounds.reducer_state import SILENT_ROUNDS
 
     st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
     ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: st)
