@@ -77,7 +77,7 @@ class Seat:
                 # (benchmarks/hostile.py's lying arm: a caught liar that keeps claiming its path).
                 expected[mid] = sum(1 for p in peers if not self.exchange.refuses(p))
         self._expected = expected
-        # Decoupled, the reducer counts its quorum from the claimants itself (protocol/rounds/reducer.py `_expected`:
+        # Decoupled, the reducer counts its quorum from the claimants itself (protocol/rounds/reducer_state.py `quorum`:
         # no refused peer, no silent one); the count above is then only a fallback.
         self.exchange.set_groups(expected, groups.live if self.cfg.sync_rounds else None, groups.genesis,
                                  partners_of(groups, self.status.groups, self.status.peer_id),
