@@ -482,10 +482,9 @@ def test_a_round_sent_again_after_a_proven_lie_asks_a_candidate_that_still_defer
     assert 2 <= asks <= 6 and got.status == "redirect"
 
 
-def test_the_merge_runs_off_the_event_loop_and_a_frame_arriving_during_it_is_late():
-    """A 25 M-value merge takes a second or more: run on the loop, it held every other request. Here the rule takes
-    0.5 s (a real thread sleeping): the loop keeps ticking meanwhile, and a frame sent once the close has begun is
-    answered late with the very mean the round's members got."""
+def slow_exchange(seconds: float, quorum: int = 1):
+    """An offline exchange whose round rule takes `seconds` on its thread (a real sleep), and an event set when a close
+    begins: what a 25 M-value merge looks like to the loop."""
     import threading
     import time
 
@@ -495,17 +494,31 @@ def test_the_merge_runs_off_the_event_loop_and_a_frame_arriving_during_it_is_lat
 
     def slow_closer(contributions, numel, before):
         started.set()
-        time.sleep(0.5)
+        time.sleep(seconds)
         return rule_closer(SPEC, contributions, numel, before)
 
+    st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+    ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: st, closer=slow_closer)
+    ex.set_groups({"L0M0": quorum})
+    return ex, st, started
+
+
+async def until(event) -> None:
+    while not event.is_set():
+        await asyncio.sleep(0.01)
+
+
+def test_the_merge_runs_off_the_event_loop_and_a_frame_arriving_during_it_is_late():
+    """A 25 M-value merge takes a second or more: run on the loop, it held every other request. Here the rule takes
+    0.5 s (a real thread sleeping): the loop keeps ticking meanwhile, and a frame sent once the close has begun is
+    answered late with the very mean the round's members got."""
+    import time
+
     async def go():
-        st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
-        ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: st, closer=slow_closer)
-        ex.set_groups({"L0M0": 1})
+        ex, st, started = slow_exchange(0.5)
         fs = frames(2)
         first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, st.digest(), fs[0]))
-        while not started.is_set():
-            await asyncio.sleep(0.01)
+        await until(started)
         ticks, t0 = 0, time.monotonic()
         while not first.done() and time.monotonic() - t0 < 5:
             await asyncio.sleep(0.02)
@@ -519,26 +532,11 @@ def test_the_merge_runs_off_the_event_loop_and_a_frame_arriving_during_it_is_lat
 
 
 def test_a_frame_sent_while_the_round_closes_is_late_not_merged():
-    import threading
-    import time
-
-    from pathswarm.protocol.rounds.exchange import rule_closer
-
-    started = threading.Event()
-
-    def slow_closer(contributions, numel, before):
-        started.set()
-        time.sleep(0.3)
-        return rule_closer(SPEC, contributions, numel, before)
-
     async def go():
-        st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
-        ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: st, closer=slow_closer)
-        ex.set_groups({"L0M0": 1})
+        ex, st, started = slow_exchange(0.3)
         fs = frames(2)
         first = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, st.digest(), fs[0]))
-        while not started.is_set():
-            await asyncio.sleep(0.01)
+        await until(started)
         during = await ex.reduce("L0M0", 0, "p1", 10, st.digest(), fs[1])  # the round is open, its close begun
         return await first, during
 
@@ -600,22 +598,8 @@ def test_a_silent_claimant_stops_holding_rounds_open_until_a_frame_of_it_arrives
 def test_a_member_that_stops_waiting_does_not_cancel_the_close_the_others_wait_for():
     """The contribution that completes the quorum runs the close; its member may stop waiting (its own timeout, a
     handler's deadline) while the merge runs. The close goes on: the round is closed, once, for the others."""
-    import threading
-    import time
-
-    from pathswarm.protocol.rounds.exchange import rule_closer
-
-    started = threading.Event()
-
-    def slow_closer(contributions, numel, before):
-        started.set()
-        time.sleep(0.4)
-        return rule_closer(SPEC, contributions, numel, before)
-
     async def go():
-        st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
-        ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL}, lambda m: st, closer=slow_closer)
-        ex.set_groups({"L0M0": 2})
+        ex, st, _ = slow_exchange(0.4, quorum=2)
         fs = frames(2)
         other = asyncio.ensure_future(ex.reduce("L0M0", 0, "p0", 10, st.digest(), fs[0]))
         await asyncio.sleep(0.05)
