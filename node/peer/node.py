@@ -279,6 +279,13 @@ class Node:
         logger.info("round %d: loss %.4f, %.0f tok/s, group %d, sent %d B, received %d B", st.round, st.loss,
                     st.tokens_per_s, st.last_group, st.bytes_sent, st.bytes_received)
 
+    def _serve_last_frames(self) -> None:
+        wait = linger_s(self.exchange.since_last_close_s() if self.exchange is not None else None,
+                        self.spec.averaging.grace_s)
+        if wait > 0:
+            logger.info("serving the frames of the last round we reduced for %.1f s (its members check them)", wait)
+            time.sleep(wait)
+
     def _write_status(self) -> None:
         self.status.took_stock(None if self.rounds is None else self.rounds.unmerged_tokens(),
                                None if self.exchange is None else self.exchange.tokens_reduced("shared"),
@@ -286,6 +293,7 @@ class Node:
         write_status(self.cfg.status_file, self.status, self.checkpoints.durable if self.cfg.checkpoint_dir else None)
 
     def _leave(self) -> None:
+        by_signal = self.stop_event.is_set()
         self.stop_event.set()
         self.seat.stop_heartbeat()
         # The last round's announcement goes out (bounded: a store can wait seconds on a dead peer).
@@ -293,12 +301,27 @@ class Node:
             # Typically the last announcement, meeting peers that are leaving too: advisory, not worth waiting for.
             logger.info("a DHT store is still running; leaving without it")
         self.seat.withdraw()
+        if not by_signal:
+            self._serve_last_frames()
         if self.net is not None:
             self.net.stop()
             if self.status.state == "stopped":
                 self._write_status()  # rounds we closed for others until our network stopped count too
         if self.sdht is not None:
             self.sdht.shutdown()
+
+
+def linger_s(since_last_close_s: float | None, grace_s: float) -> float:
+    """How long a node that ends its run (not by a signal) keeps serving after the last round it reduced: members
+    check a reducer's first rounds of each module before applying them (node/peer/audit.py), downloading its frames
+    right after the reply; a reducer gone by then fails the round for them, and they reduce it again alone: a split
+    with the departed node (tests/swarm/test_hostile.py saw one)."""
+    if since_last_close_s is None:
+        return 0.0
+    return max(0.0, min(grace_s + LINGER_EXTRA_S, LINGER_MAX_S) - since_last_close_s)
+
+
+LINGER_EXTRA_S, LINGER_MAX_S = 3.0, 10.0
 
 
 def pick_device(device: str) -> str:

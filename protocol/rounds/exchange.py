@@ -134,6 +134,11 @@ class ModuleExchange:
     def skipped(self) -> list[str]:
         return self.member.skipped()
 
+    def since_last_close_s(self) -> float | None:
+        """Seconds since we last closed a round with a mean (None: never)."""
+        last = self.reducer.last_closed
+        return None if last is None else self.ctx.clock.now() - last
+
     def take_behind(self) -> dict[str, str]:
         """Module → a peer that found us behind it, since the last call (the node re-syncs those modules)."""
         out = {}

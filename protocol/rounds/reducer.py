@@ -58,6 +58,8 @@ class Reducer:
         # One merge at a time, as when they ran on the loop: a node's modules close in the same grace window, and
         # each 25 M-value merge holds every decoded contribution (memory) and competes with training for the cores.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pathswarm-merge")
+        self.last_closed: float | None = None
+        """Clock time of the last round we closed with a mean (a leaving node serves its frames a while after it)."""
 
     def effective_state(self, module: str) -> OuterState | None:
         """Our module state, or the state it will have after the rounds we closed, whichever is newer."""
@@ -286,6 +288,7 @@ class Reducer:
                             after.digest() if after is not None else "", reducers=reducers,
                             frames=list_frames(merged, closed.used), mean_frame=closed.mean_frame)
         log.remember(round_, opened.digest_before, result, closed.tokens)
+        self.last_closed = self.ctx.clock.now()
         self.ctx.fresh.discard(module)  # the list works: we named the next round's candidates ourselves
         opened.finish(result)
 
