@@ -59,7 +59,7 @@ class Reducer:
         # each 25 M-value merge holds every decoded contribution (memory) and competes with training for the cores.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pathswarm-merge")
         self.last_closed: float | None = None
-        """Clock time of the last round we closed with a mean (a leaving node serves its frames a while after it)."""
+        """Clock time of the last round we closed with others' frames (a leaving node serves them a while after it)."""
 
     def effective_state(self, module: str) -> OuterState | None:
         """Our module state, or the state it will have after the rounds we closed, whichever is newer."""
@@ -288,7 +288,8 @@ class Reducer:
                             after.digest() if after is not None else "", reducers=reducers,
                             frames=list_frames(merged, closed.used), mean_frame=closed.mean_frame)
         log.remember(round_, opened.digest_before, result, closed.tokens)
-        self.last_closed = self.ctx.clock.now()
+        if set(closed.used) - {self.ctx.peer_id}:  # others may check it (alone, nobody asks for our frames)
+            self.last_closed = self.ctx.clock.now()
         self.ctx.fresh.discard(module)  # the list works: we named the next round's candidates ourselves
         opened.finish(result)
 
