@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 import torch
 
 from pathswarm.compression import ErrorFeedback, encode_with
+from pathswarm.protocol.rounds.messages import APPLIED, OURS
 from pathswarm.protocol.rounds.outer import OuterState, pseudo_gradient
-from pathswarm.protocol.rounds.rule import APPLIED, MERGED, RoundError, decode_mean
+from pathswarm.protocol.rounds.rule import RoundError, decode_mean
 from pathswarm.protocol.spec import CodecSpec, OuterOptSpec
 
 
@@ -138,9 +139,9 @@ def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, statu
         else:
             after = state.stepped(mean, outer, reducers=tuple(next_reducers))
             digest = after.digest()
-            base = sent.merged_base if status in MERGED else state.anchor
+            base = sent.merged_base if status in OURS else state.anchor
             local = after.anchor + (local_now.detach().to("cpu", torch.float32) - base)
-            ours = status in MERGED
+            ours = status in OURS
             return Settlement(applied=True, state=after, local=local, restore_feedback=not ours,
                               merged_tokens=sent.tokens if ours else 0, carried_tokens=0 if ours else sent.tokens,
                               digest_after=digest, diverged=bool(digest_expected) and digest != digest_expected)

@@ -48,9 +48,9 @@ def parse_frame_list(value: object) -> tuple[FrameEntry, ...]:
         if not (isinstance(item, list) and len(item) == 3):
             raise ValueError("a frame entry is not [peer, tokens, hash]")
         peer, tokens, digest = item
-        if not (isinstance(peer, str) and 0 < len(peer) <= 128 and peer.isalnum()):
+        if not (isinstance(peer, str) and 0 < len(peer) <= MAX_ID and peer.isalnum()):
             raise ValueError("a frame entry's peer is not a peer id")
-        if not (isinstance(tokens, int) and not isinstance(tokens, bool) and 0 < tokens <= 1 << 53):
+        if not (isinstance(tokens, int) and not isinstance(tokens, bool) and 0 < tokens <= MAX_TOKENS):
             raise ValueError("a frame entry's token count is out of range")
         if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
             raise ValueError("a frame entry's hash is not sha256 hex")
@@ -94,10 +94,13 @@ class RoundStatus(StrEnum):
     @property
     def ours(self) -> bool:
         """Whether the member's own outer gradient is in the mean."""
-        return self in (RoundStatus.MERGED, RoundStatus.ALONE)
+        return self in OURS
 
 
 APPLIED = frozenset({RoundStatus.MERGED, RoundStatus.ALONE, RoundStatus.LATE})
+"""Statuses whose mean every member applies (a plain status string is found in it too)."""
+OURS = frozenset({RoundStatus.MERGED, RoundStatus.ALONE})
+"""Statuses in which the member's own outer gradient is part of the mean."""
 
 
 def _str(header: dict[str, Any], name: str, limit: int = MAX_ID, default: str | None = None) -> str:

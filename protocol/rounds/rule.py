@@ -26,11 +26,6 @@ from pathswarm.protocol.rounds.messages import frame_hash
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.spec import CodecSpec, SwarmSpec
 
-APPLIED = ("merged", "alone", "late")
-"""Statuses whose mean every member applies."""
-MERGED = ("merged", "alone")
-"""Statuses in which our own outer gradient is part of the mean."""
-
 
 class RoundError(ValueError):
     """A round's result cannot be applied (its mean does not decode, has the wrong size or is not finite)."""
