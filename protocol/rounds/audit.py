@@ -86,8 +86,7 @@ class FrameStore:
             return peer in self._rounds.get((module, round_), {}) or peer in self._late.get((module, round_), ())
 
 
-Admit = Callable[[dict, str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
-Serve = Callable[[str, str, asyncio.StreamReader, asyncio.StreamWriter, Callable[[], Awaitable[None]]],
+Serve = Callable[[str, str, asyncio.StreamReader, asyncio.StreamWriter, Callable[[dict], Awaitable[None]]],
                  Awaitable[None]]
 
 
@@ -95,10 +94,10 @@ class AuditService:
     """The two requests audits need, served and sent for one node: `frames` and `alert`."""
 
     def __init__(self, streams: PeerStreams | None, prefix: str, numels: dict[str, int],
-                 frame_limit: Callable[[str], int], admit: Admit, serve: Serve, traffic: Traffic,
+                 frame_limit: Callable[[str], int], serve: Serve, traffic: Traffic,
                  membership: str = ""):
         self.streams, self.numels, self.frame_limit = streams, numels, frame_limit
-        self.admit, self.serve, self.traffic, self.membership = admit, serve, traffic, membership
+        self.serve, self.traffic, self.membership = serve, traffic, membership
         self.store = FrameStore()
         self.alerts: deque[Alert] = deque(maxlen=ALERTS_KEPT)
         """Alerts received and not checked yet (the node drains them)."""
@@ -111,10 +110,7 @@ class AuditService:
         await self.streams.serve(self.alert_name, self._on_alert)
 
     async def _on_frames(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async def body() -> None:
-            header, _ = await read_message(reader, 0, self.traffic)
-            if not await self.admit(header, sender, reader, writer):
-                return
+        async def handle(header: dict) -> None:
             ask = FramesRequest.parse(header)
             module, round_ = ask.module, ask.round
             frames = self.store.get(module, round_) if module in self.numels else None
@@ -131,7 +127,7 @@ class AuditService:
                 await write_message(writer, FrameHeader(peer, tokens).header(), b"", self.traffic)
                 await write_message(writer, {}, frame, self.traffic)
 
-        await self.serve("frames", sender, reader, writer, body)
+        await self.serve("frames", sender, reader, writer, handle)
 
     async def fetch_frames(self, peer: str, module: str, round_: int, timeout_s: float, expected: frozenset[str],
                            skip: str = "") -> dict[str, tuple[int, bytes]] | None:
@@ -174,16 +170,13 @@ class AuditService:
             return None
 
     async def _on_alert(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async def body() -> None:
-            header, _ = await read_message(reader, 0, self.traffic)
-            if not await self.admit(header, sender, reader, writer):
-                return
+        async def handle(header: dict) -> None:
             alert = AlertRequest.parse(header)
             if alert.module in self.numels:
                 self.alerts.append(Alert(sender, alert.module, alert.round, alert.reducer))
             await write_message(writer, Ack().header(), b"", self.traffic)
 
-        await self.serve("alert", sender, reader, writer, body)
+        await self.serve("alert", sender, reader, writer, handle)
 
     async def send_alert(self, peers: list[str], module: str, round_: int, reducer: str, timeout_s: float) -> int:
         """Tell `peers` that the reducer of (module, round) lied (they check it themselves); how many heard it."""

@@ -51,8 +51,8 @@ class ModuleExchange:
         self.ctx = Context(spec, peer_id, numels, state_of, streams, trust, traffic, clock=clock,
                            membership=membership, sync_world=sync_world)
         self.trust = trust
-        self.audits = AuditService(streams, self.ctx.prefix, numels, self.ctx.contribution_limit, trust.admit,
-                                   trust.guard.serve, traffic, membership)
+        self.audits = AuditService(streams, self.ctx.prefix, numels, self.ctx.contribution_limit, trust.serve,
+                                   traffic, membership)
         self.reducer = Reducer(self.ctx, closer or functools.partial(rule_closer, spec), self.audits.store)
         self.member = Member(self.ctx, self.reducer)
         self.service = Service(self.ctx, self.reducer, self.audits)

@@ -55,10 +55,7 @@ class Service:
     async def _on_contribute(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         ctx = self.ctx
 
-        async def body() -> None:
-            header, _ = await read_message(reader, 0, ctx.traffic)
-            if not await ctx.trust.admit(header, sender, reader, writer):
-                return
+        async def handle(header: dict) -> None:
             if module_of(header) not in ctx.numels:
                 raise WireError(f"unknown module {module_of(header)!r}")
             ask = ContributeRequest.parse(header)
@@ -79,15 +76,12 @@ class Service:
                 return
             await write_message(writer, result.header(), result.mean_frame, ctx.traffic)
 
-        await ctx.trust.guard.serve("contribute", sender, reader, writer, body)
+        await ctx.trust.serve("contribute", sender, reader, writer, handle)
 
     async def _on_stance(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         ctx = self.ctx
 
-        async def body() -> None:
-            header, _ = await read_message(reader, 0, ctx.traffic)
-            if not await ctx.trust.admit(header, sender, reader, writer):
-                return
+        async def handle(header: dict) -> None:
             ask = StanceRequest.parse(header)
             if why := ctx.trust.beyond_limit(ask.round):
                 await ctx.trust.refuse(why, reader, writer)
@@ -95,15 +89,12 @@ class Service:
             stance = self.reducer.stance(ask.module, ask.round, ask.digest, sender)
             await write_message(writer, StanceReply(stance).header(), b"", ctx.traffic)
 
-        await ctx.trust.guard.serve("stance", sender, reader, writer, body)
+        await ctx.trust.serve("stance", sender, reader, writer, handle)
 
     async def _on_state(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         ctx = self.ctx
 
-        async def body() -> None:
-            header, _ = await read_message(reader, 0, ctx.traffic)
-            if not await ctx.trust.admit(header, sender, reader, writer):
-                return
+        async def handle(header: dict) -> None:
             module = StateRequest.parse(header).module
             # the newest state we know: after the rounds we closed, even before our own loop applied them
             state = self.reducer.effective_state(module) if module in ctx.numels else None
@@ -117,7 +108,7 @@ class Service:
             reply = StateReply("ok", state.round, state.digest(), state.reducers)
             await write_message(writer, reply.header(), parts, ctx.traffic)
 
-        await ctx.trust.guard.serve("state", sender, reader, writer, body)
+        await ctx.trust.serve("state", sender, reader, writer, handle)
 
     async def fetch_state(self, peer: str, module: str, timeout_s: float) -> OuterState | None:
         """Download a module's state from a peer: None if it fails, is refused, is later than the swarm's age

@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from pathswarm.protocol.handlers import Budget, Guard
 from pathswarm.protocol.membership import MembershipError, gate_of
 from pathswarm.protocol.rounds.messages import Refusal
 from pathswarm.protocol.spec import SwarmSpec
-from pathswarm.protocol.wire import MAX_HEADER_BYTES, Traffic, discard_rest, write_message
+from pathswarm.protocol.wire import MAX_HEADER_BYTES, Traffic, discard_rest, read_message, write_message
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,17 @@ class Trust:
         stream does not reset it before the peer has read the reason."""
         await write_message(writer, Refusal(reason[:200]).header(), b"", self.traffic)
         await discard_rest(reader, MAX_HEADER_BYTES + self.max_frame_bytes() + 64, REFUSAL_DRAIN_S)
+
+    async def serve(self, kind: str, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    handle: Callable[[dict], Awaitable[None]]) -> None:
+        """One request of `kind`, within its budget (protocol/handlers.py): its header read, its sender admitted,
+        then `handle(header)`. Every handler of the round is served so: none can skip the membership check."""
+        async def body() -> None:
+            header, _ = await read_message(reader, 0, self.traffic)
+            if await self.admit(header, sender, reader, writer):
+                await handle(header)
+
+        await self.guard.serve(kind, sender, reader, writer, body)
 
     async def admit(self, header: dict, sender: str, reader: asyncio.StreamReader,
                     writer: asyncio.StreamWriter) -> bool:

@@ -237,13 +237,11 @@ def test_a_rounds_frames_are_served_to_its_members_only():
     from pathswarm.protocol.rounds.audit import AuditService
     from pathswarm.protocol.wire import Traffic, read_message, write_message
 
-    async def admit(header, sender, reader, writer) -> bool:
-        return True
+    async def serve(kind, sender, reader, writer, handle) -> None:  # everyone admitted
+        header, _ = await read_message(reader, 0, Traffic())
+        await handle(header)
 
-    async def serve(kind, sender, reader, writer, body) -> None:
-        await body()
-
-    svc = AuditService(None, "t", {"shared": 10}, lambda m: 1000, admit, serve, Traffic())
+    svc = AuditService(None, "t", {"shared": 10}, lambda m: 1000, serve, Traffic())
     svc.store.keep("shared", 3, {"QmA": (5, b"a" * 10), "QmB": (7, b"b" * 10)})
 
     async def ask(sender: str) -> dict:
