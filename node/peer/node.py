@@ -301,7 +301,7 @@ class Node:
             # Typically the last announcement, meeting peers that are leaving too: advisory, not worth waiting for.
             logger.info("a DHT store is still running; leaving without it")
         self.seat.withdraw()
-        if not by_signal:
+        if not by_signal and self.status.state == "stopped":  # a run that ended as planned, not an error
             self._serve_last_frames()
         if self.net is not None:
             self.net.stop()
