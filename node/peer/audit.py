@@ -8,9 +8,10 @@ frames from the reducer and recompute the mean (protocol/rounds/rule.py `audit_m
 proof: we stop trusting the reducer (never our reducer again, its frames refused) and alert the round's other
 contributors. An alert makes its receiver download the frames from the alerter and check them against the result
 *it* received: only that check moves it. The round the liar reduced stays applied on every replica that took it
-(they still agree with each other); the audit bounds a liar to the rounds before it is caught. A reducer's first
-NEW_REDUCER_AUDITS rounds are checked before they are applied, and so are the next ones of a reducer that did not
-answer a random audit.
+(they still agree with each other) until each of them learns of the proof and undoes the liar's rounds it kept
+(node/peer/rounds.py, protocol/rounds/heal.py); the audit bounds a liar to the rounds before it is caught. A
+reducer's first NEW_REDUCER_AUDITS rounds are checked before they are applied, and so are the next ones of a
+reducer that did not answer a random audit.
 
 Downloads run on the network loop; checks run in the training thread (`poll`), and a module's checks are done
 before its next round is sent (`before_send`).
@@ -94,6 +95,9 @@ class Auditor:
         NEW_REDUCER_AUDITS rounds of each module are all audited before they are applied (docs/SECURITY.md). Counted
         per module: counted per reducer, a reducer of 3 modules left its probation after one round. Bounded: only
         peers that reduced rounds for us."""
+        self.proven: set[str] = set()
+        """Reducers a recomputed mean proved liars (node/peer/rounds.py undoes the rounds of theirs we applied:
+        protocol/rounds/heal.py). Bounded: only distrusted peers."""
 
     def record(self, module: str, result: RoundReply, reference: float, own: tuple[int, bytes],
                holders: Iterable[str] = ()) -> str:
@@ -249,6 +253,7 @@ class Auditor:
             return ""
         reason = f"its mean of {check.module} round {check.round} is not what its frames give: {proof}"
         self.exchange.distrust(got.reducer, reason)
+        self.proven.add(got.reducer)
         self.exchange.audits.store.keep(check.module, check.round, frames)  # the proof, for those we alert
         others = [p for p in got.contributors if p not in (self.status.peer_id, got.reducer, check.source)]
         if others:

@@ -174,6 +174,9 @@ class NodeStatus:
     distrusted: dict[str, str] = field(default_factory=dict)
     """peer → why this node stopped trusting it (a misreported contribution, a mean its frames do not give)."""
     state: str = "starting"
+    rounds_undone: int = 0
+    """Rounds of a module undone because a reducer proven a liar reduced them or an earlier kept one
+    (protocol/rounds/heal.py): their merged tokens are discarded."""
 
     # ---- start and stop ---------------------------------------------------------------------------------------
     def joined_dht(self, reachable: bool | None, client: bool) -> None:
@@ -283,6 +286,14 @@ class NodeStatus:
             self.tokens_discarded += lost_tokens
             self.tokens_reduced_discarded += reduced_tokens
         self.splits_healed += 1
+
+    def lies_undone(self, mid: str, rounds: int, lost_tokens: int) -> None:
+        """`rounds` applied rounds of `mid` were undone after their reducer was proven a liar: our tokens merged in
+        them are discarded."""
+        if mid == "shared":
+            self.tokens_merged -= lost_tokens
+            self.tokens_discarded += lost_tokens
+        self.rounds_undone += rounds
 
     def audited(self) -> None:
         self.audits += 1

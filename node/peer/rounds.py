@@ -26,10 +26,11 @@ from pathswarm.node.train.round import Contribution, make_contribution, settle
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.rounds.exchange import ModuleExchange
+from pathswarm.protocol.rounds.heal import AppliedLog, heal
 from pathswarm.protocol.rounds.messages import RoundReply, RoundStatus
 from pathswarm.protocol.rounds.reducer_state import RANK_LOST
 from pathswarm.protocol.rounds.reducers import candidates
-from pathswarm.protocol.rounds.rule import reference_norm
+from pathswarm.protocol.rounds.rule import RoundError, mean_bound, reference_norm
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class Rounds:
         # module → state round → our tokens merged in the round that made it (a healed split takes them back)
         self.merged_log: dict[str, dict[int, int]] = {}
         self.auditor = Auditor(cfg, status, exchange, net)  # checks other reducers' means (docs/SECURITY.md)
+        self.applied = AppliedLog()  # the means we applied lately: a liar's rounds are undone once it is proven one
 
     def send(self, groups: Groups) -> None:
         """Every module's outer gradient to its reducer; the rounds run in the background. Who reduces follows from
@@ -86,6 +88,7 @@ class Rounds:
                 self.carry[mid] = self.carry.get(mid, 0) + tokens  # re-synced keeping our progress
                 continue
             self.auditor.before_send(mid, audits_by)
+            self._undo_lies(mid)
             st = self.worker.outer[mid]
             sent = make_contribution(st, self.worker.flat(mid), self.worker.feedback[mid], self.spec.codec,
                                      tokens + self.carry.pop(mid, 0))
@@ -140,7 +143,11 @@ class Rounds:
         logger.debug("module %s round %d: %s with %d contributors (%s)", mid, result.round, result.status,
                      len(result.contributors), result.reason)
         discard = self.cfg.sync_rounds and result.reason.startswith(RANK_LOST)
+        bound = None
         if result.applicable and result.reducer and result.reducer != self.status.peer_id:
+            # Another's round is applied only within what an honest round sends (protocol/rounds/rule.py
+            # `mean_bound`): our own outer gradient and the module's momentum, before this round moves it.
+            bound = mean_bound(item.sent.delta_norm, item.sent.tokens, reference_norm(st), self.spec)
             # before settle: the round rule's history norm is the momentum's before this round's mean moves it
             refused = self.auditor.record(mid, result, reference_norm(st), (item.sent.tokens, item.sent.frame),
                                           self.holders.get(mid, ()))
@@ -150,7 +157,12 @@ class Rounds:
                 result = dataclasses.replace(result, status=RoundStatus.FAILED, reason=f"not applied: {refused}"[:300])
         done = settle(st, item.sent, self.worker.flat(mid), result.status, result.round,
                       result.mean_frame if result.applicable else b"", result.digest_after, self.spec.outer,
-                      codec=self.spec.codec, discard=discard, next_reducers=result.reducers)
+                      codec=self.spec.codec, discard=discard, next_reducers=result.reducers, bound=bound)
+        if done.lie:
+            # As a lie caught before applying: we stop trusting the reducer and the round goes to the next candidate.
+            self.exchange.distrust(result.reducer, f"its mean of {mid} round {result.round}: {done.lie}")
+            if self._retry_after_lie(mid, item, result):
+                return
         if done.state is not None:
             self.worker.outer[mid] = st = done.state
         if done.local is not None:
@@ -168,6 +180,8 @@ class Rounds:
         if done.applied:
             if result.status == "late":
                 self.catch_up = True
+            self.applied.applied(mid, st.round - 1, result.reducer or item.reducer, result.mean_frame,
+                                 done.digest_after)
             if done.diverged:
                 # Our replica is not the group's: the re-sync replaces it, and the history does not record it.
                 logger.error("module %s round %d: digest %s != group's %s; re-syncing", mid, result.round,
@@ -183,6 +197,32 @@ class Rounds:
         if result.status == "out_of_sync":
             self._resync_later(mid, result.reducer or item.reducer)
         # "behind": the reducer re-syncs itself; our outer gradient waits for the next round
+
+    def _undo_lies(self, mid: str) -> None:
+        """Undo the rounds of `mid` that reducers proven liars since reduced (protocol/rounds/heal.py), keeping our
+        local progress on top of the healed anchor; before the module's next send, when none of its rounds is in
+        flight. Our tokens merged in the rounds undone are discarded: those steps are gone from the module."""
+        liars = set(self.exchange.distrusted) & set(self.auditor.proven)
+        if not liars or mid in self.in_flight:
+            return
+        st = self.worker.outer[mid]
+        try:
+            healed = heal(st, self.applied.rounds(mid), liars, self.spec.outer, self.spec.codec)
+        except RoundError as e:  # a kept mean that decoded when applied: cannot happen short of memory corruption
+            logger.error("module %s: cannot undo the liar's rounds: %s", mid, e)
+            healed = None
+        if healed is None:
+            return
+        self.applied.healed(mid)
+        self.worker.set_flat(mid, healed.state.anchor + (self.worker.flat(mid) - st.anchor))
+        self.worker.outer[mid] = healed.state
+        log = self.merged_log.get(mid, {})
+        lost = sum(log.pop(a.round + 1, 0) for a in healed.undone)
+        self.status.lies_undone(mid, len(healed.undone), lost)
+        logger.warning("module %s: undid rounds %d-%d (reduced by %s, proven a liar, and the rounds after); state "
+                       "%s at round %d", mid, healed.undone[0].round, healed.undone[-1].round,
+                       ", ".join(sorted(p[-8:] for p in liars)), healed.state.digest()[:12], healed.state.round)
+        self.publish_local(mid)
 
     def _retry_after_lie(self, mid: str, item: InFlight, result: RoundReply) -> bool:
         """A round whose reducer our check before applying proved a liar (its first rounds, or one on probation):

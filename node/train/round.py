@@ -16,6 +16,9 @@ simulator and the running node both call these.
             (with `[codec] feedback` in the weights, minus what our frame did not carry: it stays ours)
      late:  the round closed without us: apply the mean, keep our Δ for the next round (its tokens carry,
             its error-feedback residual is restored).   local ← new_anchor + (local_now − old_anchor)
+     beyond the bound (`bound`: protocol/rounds/rule.py `mean_bound`, for another reducer's round): nothing is
+            applied, as for a failed round, and `Settlement.lie` says why: the caller treats the reducer as a
+            proven liar.
      failed (or any other status, or a mean that does not decode): nothing is applied; our steps stay in the
             local weights and the next Δ carries them (its tokens carry). A synchronous baseline may instead
             discard them (local ← anchor), as data-parallel training redoes a step a dead rank broke.
@@ -32,7 +35,7 @@ import torch
 from pathswarm.compression import ErrorFeedback, encode_with
 from pathswarm.protocol.rounds.messages import APPLIED, OURS
 from pathswarm.protocol.rounds.outer import OuterState, pseudo_gradient
-from pathswarm.protocol.rounds.rule import RoundError, decode_mean
+from pathswarm.protocol.rounds.rule import RoundError, beyond_bound, decode_mean
 from pathswarm.protocol.spec import CodecSpec, OuterOptSpec
 
 
@@ -52,6 +55,8 @@ class Contribution:
     """The local weights at the send (flat fp32): the base of the shift applied when the round merges."""
     feedback_before: dict = field(default_factory=dict)
     """The error-feedback state before this frame was encoded: restored when the Δ is kept for later."""
+    delta_norm: float = 0.0
+    """The norm of the outer gradient Δ (before encoding): what bounds the means this member applies."""
     unsent: torch.Tensor | None = None
     """With `[codec] feedback` in the weights: Δ minus what the frame carries (flat fp32), kept in the local weights
     when the round merges."""
@@ -85,13 +90,8 @@ def make_contribution(state: OuterState, local: torch.Tensor, feedback: ErrorFee
     else:
         frame = encode_with(kind, delta)
     return Contribution(frame=frame, tokens=tokens, round=state.round, digest_before=state.digest(),
-                        local_when_sent=local, feedback_before=before, unsent=unsent)
-
-
-
-
-
-
+                        local_when_sent=local, feedback_before=before,
+                        delta_norm=float(torch.linalg.vector_norm(delta)), unsent=unsent)
 
 
 @dataclass(frozen=True)
@@ -118,18 +118,21 @@ class Settlement:
     """A mean was applied but our digest is not the one the reducer announced: our replica must be re-synced."""
     reason: str = ""
     """Why nothing was applied, when nothing was."""
+    lie: str = ""
+    """The mean broke the member's bound (`bound`): proof that its reducer lied; nothing was applied."""
 
 
 def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, status: str, result_round: int,
            mean_frame: bytes, digest_expected: str, outer: OuterOptSpec, *, codec: CodecSpec,
-           discard: bool = False, next_reducers: tuple[str, ...] = ()) -> Settlement:
+           discard: bool = False, next_reducers: tuple[str, ...] = (), bound: float | None = None) -> Settlement:
     """Settle one round of one module on a member (the rule in the module docstring).
 
     `state` is the module's outer state (left as it is: the new one is `Settlement.state`); `local_now` the local
     weights now (inner steps may have run since the send); `discard`: on a failed round throw our steps away
     instead of carrying them (the synchronous baseline when a member died); `codec`: the spec's, whose mean codec
     the result is decoded with; `next_reducers`: who reduces the next
-    round, as the result names them (protocol/rounds/reducers.py), kept with the state when the mean is applied."""
+    round, as the result names them (protocol/rounds/reducers.py), kept with the state when the mean is applied;
+    `bound`: the largest mean norm to apply (protocol/rounds/rule.py `mean_bound`; None: no bound, our own round)."""
     reason = f"status {status}"
     if status in APPLIED and mean_frame and result_round == state.round == sent.round:
         try:
@@ -137,6 +140,10 @@ def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, statu
         except RoundError as e:
             reason = f"bad mean from the reducer: {e}"
         else:
+            lie = beyond_bound(mean, bound) if bound is not None else None
+            if lie is not None:
+                return Settlement(applied=False, restore_feedback=True, carried_tokens=sent.tokens,
+                                  reason=f"not applied: {lie}", lie=lie)
             after = state.stepped(mean, outer, reducers=tuple(next_reducers))
             digest = after.digest()
             base = sent.merged_base if status in OURS else state.anchor

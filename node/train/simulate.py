@@ -33,7 +33,7 @@ from pathswarm.node.train.warm_start import check_init
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducers import successors
-from pathswarm.protocol.rounds.rule import close_round
+from pathswarm.protocol.rounds.rule import close_round, mean_bound, reference_norm
 from pathswarm.protocol.spec import SwarmSpec, format_path
 
 MODES = ("diloco", "dipaco", "sync")
@@ -273,6 +273,7 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
     closed = close_round([(w.name, sent[w.name].tokens, frames[w.name]) for w in holders], numel, spec,
                          before=holders[0].outer[mid])
     result.rejected += len(closed.rejected)
+    reducer = min(frames)
     for w in holders:
         # No overlap in the simulator: the result lands before the next inner step.
         status = ("alone" if len(closed.used) == 1 else "merged") if w.name in closed.used else "late"
@@ -280,7 +281,11 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
             status = "failed"
         done = settle(w.outer[mid], sent[w.name], w.flat(mid), status, w.outer[mid].round, closed.mean_frame,
                       closed.digest_after, spec.outer, codec=spec.codec,
-                      next_reducers=successors(min(frames), closed.used))
+                      next_reducers=successors(reducer, closed.used),
+                      bound=None if w.name == reducer else mean_bound(sent[w.name].delta_norm, sent[w.name].tokens,
+                                                                      reference_norm(w.outer[mid]), spec))
+        if done.lie:  # the members' bound holds every honest round: the simulator runs none other
+            raise AssertionError(f"{mid} round {r}: an honest mean broke {w.name}'s bound: {done.lie}")
         if done.state is not None:
             w.outer[mid] = done.state
         if done.local is not None:
@@ -293,7 +298,6 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
         result.history.setdefault(mid, {})[str(holders[0].outer[mid].round)] = holders[0].digest(mid)
     # Every other holder sends its frame to the reducer (the smallest name, as the smallest peer id in a swarm)
     # and gets the encoded mean back.
-    reducer = min(frames)
     up = sum(len(f) for name, f in frames.items() if name != reducer)
     down = len(closed.mean_frame) * (len(frames) - 1)
     result.bytes_up_total += up

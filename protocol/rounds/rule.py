@@ -8,13 +8,16 @@ node/train/round.py.
 1. `close_round` (the reducer): validated frames, sorted by peer id → screened, robust token-weighted mean
    (protocol/rounds/merge.py `merge_round`) → encoded **once** → the canonical result every member decodes, and
    the state (and digest) it makes of the state the round opened with.
-2. `decode_mean` (every member): the result's untrusted bytes → the mean, checked for size and finiteness.
+2. `decode_mean` (every member): the result's untrusted bytes → the mean, checked for size and finiteness;
+   `mean_bound` / `beyond_bound` (every member, before applying another's round): a mean far larger than any
+   honest round's is a proven lie (docs/SECURITY.md, "Bounded damage").
 3. `audit_mean` (a member auditing another's round, protocol/rounds/audit.py): the frames the result lists →
    the same screened, clipped mean → is the reducer's within AUDIT_TOLERANCE of it?
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -81,6 +84,40 @@ def close_round(contributions: Sequence[tuple[str, int, bytes]], numel: int, spe
 def reference_norm(before: OuterState | None) -> float:
     """The history norm that bounds a group of 1 or 2 (protocol/rounds/merge.py): the outer momentum's, or 0."""
     return float(torch.linalg.vector_norm(before.momentum)) if before is not None else 0.0
+
+
+MEAN_BOUND = 4.0
+"""A member applies another reducer's mean only if its norm is at most this × the larger of (its own outer
+gradient's norm, scaled up to a full round's tokens) and (the module's outer momentum's norm). An honest mean is a
+robust average of outer gradients like ours: in the round rule's own runs (benchmarks/hostile.py's spec, 4 paths,
+30 rounds) it never exceeded 1.05 × the member's own, and 1.08 × the momentum once that exists. A factor of 4
+leaves room for a group whose members trained unevenly, and for an outlier CenteredClip lets move the mean by
+its weight × the clip radius; a liar is held to it (what it can still do inside it: docs/SECURITY.md). With
+`averaging.clip_factor = 0` (a plain mean) the factor is the norm screen's instead, and with `norm_bound = 0` (no
+screen) there is no bound."""
+
+
+def mean_bound(own_norm: float, own_tokens: int, momentum_norm: float, spec: SwarmSpec) -> float:
+    """The largest mean norm a member applies from another reducer (MEAN_BOUND): derived from what the member
+    knows alone (its own outer gradient and tokens, the replicated momentum, the spec), so a reducer cannot widen
+    it. An outer gradient of fewer tokens than a round's (a short catch-up chunk) is scaled up to a full round's."""
+    avg = spec.averaging
+    if avg.norm_bound <= 0:
+        return math.inf  # no screen: nothing bounds an honest mean (one peer's outer gradient may be any size)
+    # A robust mean (CenteredClip) stays near the group's centre; a plain mean of screened contributions can reach
+    # the screen's own bound (norm_bound × the group's median norm).
+    factor = MEAN_BOUND if avg.clip_factor > 0 else max(MEAN_BOUND, avg.norm_bound)
+    per_round = spec.inner.steps * spec.inner.batch_size * spec.model.context_len
+    scale = max(1.0, per_round / max(own_tokens, 1))
+    return factor * max(own_norm * scale, momentum_norm)
+
+
+def beyond_bound(mean: torch.Tensor, bound: float) -> str | None:
+    """Why a decoded mean breaks the member's bound (`mean_bound`), or None when it respects it."""
+    norm = float(torch.linalg.vector_norm(mean))
+    if norm > bound:
+        return f"its mean's norm {norm:.3g} is {norm / max(bound, 1e-30):.3g}x the most an honest round sends us"
+    return None
 
 
 AUDIT_TOLERANCE = 1e-2

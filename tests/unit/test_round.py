@@ -173,3 +173,40 @@ def test_every_member_of_a_group_ends_bit_identical_to_the_reducers_digest():
         assert not done.diverged
         digests.add(done.state.digest())
     assert digests == {closed.digest_after}
+
+
+def test_a_mean_beyond_the_members_bound_is_not_applied_and_is_a_proven_lie():
+    """Bounded damage (docs/SECURITY.md): an honest round's mean is applied under the bound its member derives alone;
+    the same mean scaled up (the applied lie that once set anchors to ~3e4) is refused, nothing applied, our steps
+    carried, and the settlement names the lie."""
+    from pathswarm.protocol.rounds.rule import MEAN_BOUND, mean_bound
+
+    st = state(round_=8)
+    sent = make_contribution(st, drift(st, 1), ErrorFeedback(), SPEC.codec, tokens=500)
+    bound = mean_bound(sent.delta_norm, 10**9, float(st.momentum.norm()), SPEC)
+    assert bound == pytest.approx(MEAN_BOUND * sent.delta_norm, rel=1e-6)  # our Δ is larger than the momentum here
+    _, st_ok, _, closed, _, done = settle_case("merged", overlap=True, bound=bound)
+    assert done.applied and not done.lie and st_ok.digest() == closed.digest_after
+    huge = encode(decode(closed.mean_frame) * 3e4)
+    before, st_lie, _, _, _, done = settle_case("merged", overlap=True, frame=huge, bound=bound)
+    assert not done.applied and st_lie.digest() == before.digest() and done.local is None
+    assert done.lie and "most an honest round sends" in done.lie and done.carried_tokens == 500
+    assert done.restore_feedback  # our Δ goes out again with the next round
+    # Just inside the bound is applied: the bound is a norm, the same for every direction.
+    inside = decode(closed.mean_frame)
+    inside = encode(inside * (0.99 * bound / float(inside.norm())))
+    assert settle_case("merged", overlap=True, frame=inside, bound=bound, expected="")[-1].applied
+
+
+def test_the_bound_follows_the_screens_a_short_chunk_and_the_momentum():
+    import math
+
+    from pathswarm.protocol.rounds.rule import MEAN_BOUND, mean_bound
+
+    per_round = SPEC.inner.steps * SPEC.inner.batch_size * SPEC.model.context_len
+    assert mean_bound(2.0, per_round, 0.0, SPEC) == MEAN_BOUND * 2.0
+    assert mean_bound(2.0, per_round // 4, 0.0, SPEC) == MEAN_BOUND * 8.0  # a quarter round's Δ: scaled to a round's
+    assert mean_bound(2.0, per_round, 5.0, SPEC) == MEAN_BOUND * 5.0  # the replicated momentum is a floor
+    plain = SPEC.replace(averaging=AveragingSpec(clip_factor=0.0, norm_bound=10.0))
+    assert mean_bound(2.0, per_round, 0.0, plain) == 10.0 * 2.0  # a plain mean reaches the screen's bound
+    assert mean_bound(2.0, per_round, 0.0, SPEC.replace(averaging=AveragingSpec(norm_bound=0.0))) == math.inf

@@ -28,6 +28,9 @@ class _Exchange:
     def skipped(self):
         return []
 
+    def distrust(self, peer, reason):
+        self.distrusted.setdefault(peer, reason)
+
 
 def _rounds(spec, docs):
     sampler = TokenSampler(docs, spec.model.context_len, seed=0)
@@ -88,6 +91,63 @@ def test_a_round_whose_reducer_a_check_proved_a_liar_goes_to_the_next_candidate_
                                           reducer="r2", frames=(("r2", 1, "h"),)), "a lie")
     assert exchange.calls == [] and mid not in rounds.in_flight
     assert rounds.status.rounds_failed == 1 and rounds.carry[mid] == first[3]
+
+
+def test_a_mean_beyond_our_bound_makes_its_reducer_a_proven_liar_and_the_round_goes_to_the_next_candidate(
+        spec, synthetic_docs):
+    """A reducer past its checked rounds (the audit before applying passes nothing here: `record` says "") sends a
+    mean far beyond what an honest round sends us (protocol/rounds/rule.py `mean_bound`): nothing is applied, we
+    stop trusting it, and the same contribution goes to the next candidate, as after a lie caught by a check."""
+    import torch
+
+    from pathswarm.compression import encode
+
+    rounds, worker, exchange, _ = _rounds(spec, synthetic_docs)
+    mid = worker.module_ids[0]
+    _send(rounds, worker, _groups(worker))
+    first = next(c for c in exchange.calls if c[1] == mid)
+    anchor, numel = worker.outer[mid].anchor.clone(), worker.outer[mid].anchor.numel()
+    exchange.calls.clear()
+    huge = encode(torch.full((numel,), 1e3))
+    _settle_with(rounds, mid, RoundResult(mid, 0, "merged", mean_frame=huge, contributors=["r1", "me"], reducer="r1",
+                                          frames=(("r1", 1, "h"), ("me", 1, "h"))), "")
+    assert "most an honest round sends" in exchange.distrusted["r1"]
+    assert exchange.calls == [(["r2", "me"], mid, first[2], first[3])] and exchange.after_lie[-1] is True
+    assert worker.outer[mid].round == 0 and torch.equal(worker.outer[mid].anchor, anchor)  # nothing applied
+    assert rounds.status.rounds_retried == 1
+
+
+def test_a_reducer_proven_a_liar_after_we_applied_its_rounds_has_them_undone_before_our_next_send(spec, synthetic_docs):
+    """Healing (protocol/rounds/heal.py) as the node runs it: the anchor goes back to before the liar's round, our
+    local progress stays on top of it, the tokens we merged in the undone rounds are discarded, and it happens once."""
+    import torch
+
+    from pathswarm.compression import encode
+    from pathswarm.protocol.rounds.rule import decode_mean
+
+    rounds, worker, exchange, _ = _rounds(spec, synthetic_docs)
+    mid = worker.module_ids[0]
+    numel = worker.outer[mid].anchor.numel()
+    good = worker.outer[mid]
+    st = good
+    for r, reducer in enumerate(["liar", "r2"]):  # the liar's round, then an honest one trained from its anchor
+        frame = encode(torch.full((numel,), 0.05 * (r + 1)))
+        st = st.stepped(decode_mean(frame, numel, spec.codec), spec.outer)
+        rounds.applied.applied(mid, r, reducer, frame, st.digest())
+        rounds.merged_log.setdefault(mid, {})[r + 1] = 100
+    worker.outer[mid] = st
+    worker.set_flat(mid, st.anchor + 0.25)  # our steps since the last round
+    rounds.status.round_settled("shared", 200, 0)
+    exchange.distrusted["liar"] = "its mean of it is not what its frames give"
+    rounds.auditor.proven.add("liar")
+    rounds._undo_lies(mid)
+    healed = worker.outer[mid]
+    assert healed.round == 2 and torch.allclose(healed.anchor, good.anchor, atol=1e-5)
+    assert torch.allclose(worker.flat(mid), healed.anchor + 0.25, atol=1e-5)  # our progress kept
+    assert rounds.status.rounds_undone == 2 and rounds.merged_log[mid] == {}
+    assert mid == "shared" and (rounds.status.tokens_merged, rounds.status.tokens_discarded) == (0, 200)
+    rounds._undo_lies(mid)  # once: the log that led to the lied state is gone
+    assert worker.outer[mid] is healed and rounds.status.rounds_undone == 2
 
 
 def test_a_reducer_that_only_did_not_show_its_frames_is_not_failed_over_from(spec, synthetic_docs):

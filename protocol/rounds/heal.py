@@ -1,0 +1,110 @@
+"""Undo the rounds a proven liar reduced: the pure rule (no network, no clock) every member that learns of the proof
+runs on its own replica.
+
+An audit proves a reducer a liar only after its round was applied (node/peer/audit.py; docs/SECURITY.md, "Healing an
+applied lie"). Every member keeps the means it applied in its last HEAL_ROUNDS rounds of each module (`AppliedLog`,
+the bytes the reducer sent: about one byte per parameter a round). On the proof it undoes, newest first, every
+round from the last back to the oldest kept one the liar reduced (`heal`): an outer step is invertible given its
+mean, so the anchor and the momentum come back to what they were before the liar's first kept round. The honest rounds
+after it are undone too: their outer gradients were trained from the lied anchors, and replayed on the healed one
+they would push it past where it was. The module's round number does not go back: the healed state keeps the
+current round (and who reduces the next), so the group's rounds go on; every member that healed the same log
+reaches the same bits (the same float operations on the same inputs, in the same order), and one that did not
+(a member that joined after the lie) is re-synced from them by the digest checks, as after any divergence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import torch
+
+from pathswarm.protocol.rounds.outer import OuterState
+from pathswarm.protocol.rounds.rule import decode_mean
+from pathswarm.protocol.spec import CodecSpec, OuterOptSpec
+
+HEAL_ROUNDS = 8
+"""Applied rounds of each module a member keeps the means of. A liar past its checked rounds is caught by a random
+audit with probability min(1, audit_rate / group size) per member and round (1 - (1 - 0.2/3)^3 ≈ 0.19 a round in a
+group of 3 at the default rate): 8 rounds cover about 4 out of 5 lies; an older one is past healing (its damage
+stays within the members' bound, protocol/rounds/rule.py `mean_bound`)."""
+
+
+@dataclass(frozen=True)
+class AppliedRound:
+    """One round a member applied to a module: enough to undo it."""
+
+    round: int
+    """The module's round before it (its warm-up or Nesterov step depends on it)."""
+    reducer: str
+    mean_frame: bytes
+    """The encoded mean, as the reducer sent it (every member decoded these bytes)."""
+    digest_after: str
+    """Our state's digest after it: the kept rounds lead to a state only while the last one's is that state's."""
+
+
+def unstep(after: OuterState, mean: torch.Tensor, round_: int, cfg: OuterOptSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(anchor, momentum) before the outer step of round `round_` that made `after` with `mean`
+    (protocol/rounds/outer.py `nesterov_step`, inverted). With no momentum (μ = 0) the buffer before is unknown and
+    irrelevant (the step multiplies it by 0): zeros."""
+    anchor, momentum = after.anchor.clone(), after.momentum.clone()
+    if round_ < cfg.warmup_rounds:
+        return anchor.add_(mean), momentum  # plain averaging: anchor ← anchor − Δ̄, the buffer untouched
+    step = mean.add(momentum, alpha=cfg.momentum) if cfg.nesterov else momentum
+    anchor.add_(step, alpha=cfg.lr)
+    if cfg.momentum == 0:
+        return anchor, torch.zeros_like(momentum)
+    return anchor, momentum.sub_(mean).div_(cfg.momentum)
+
+
+@dataclass(frozen=True)
+class Healed:
+    """What `heal` made of a module's state."""
+
+    state: OuterState
+    """The state before the liar's first kept round, at the current round number and naming the current reducers."""
+    undone: tuple[AppliedRound, ...]
+    """The rounds undone, oldest first."""
+
+
+def heal(state: OuterState, applied: list[AppliedRound], liars: Collection[str], outer: OuterOptSpec,
+         codec: CodecSpec) -> Healed | None:
+    """Undo `applied` (oldest first, the last one made `state`) back to and including the oldest round a peer of
+    `liars` reduced; None when none of them reduced a kept round. A mean that no longer decodes (it did when applied)
+    raises RoundError."""
+    if not applied or applied[-1].digest_after != state.digest():
+        return None  # the kept rounds do not lead to this state (replaced since): nothing to undo them from
+    first = next((i for i, a in enumerate(applied) if a.reducer in liars), None)
+    if first is None:
+        return None
+    numel = state.anchor.numel()
+    current = state
+    for entry in reversed(applied[first:]):
+        anchor, momentum = unstep(current, decode_mean(entry.mean_frame, numel, codec), entry.round, outer)
+        current = OuterState(anchor, momentum, entry.round, state.reducers)
+    return Healed(OuterState(current.anchor, current.momentum, state.round, state.reducers), tuple(applied[first:]))
+
+
+class AppliedLog:
+    """Per module, the last HEAL_ROUNDS rounds a member applied, oldest first."""
+
+    def __init__(self, keep: int = HEAL_ROUNDS):
+        self.keep = keep
+        self._rounds: dict[str, list[AppliedRound]] = {}
+
+    def applied(self, module: str, round_: int, reducer: str, mean_frame: bytes, digest_after: str) -> None:
+        """A round applied to `module` at its round `round_` by `reducer`'s mean, making the state `digest_after`."""
+        rounds = self._rounds.setdefault(module, [])
+        if rounds and rounds[-1].round != round_ - 1:
+            rounds.clear()  # not the round after the last one kept (a re-sync in between): the chain is broken
+        rounds.append(AppliedRound(round_, reducer, mean_frame, digest_after))
+        del rounds[:-self.keep]
+
+    def rounds(self, module: str) -> list[AppliedRound]:
+        return list(self._rounds.get(module, ()))
+
+    def healed(self, module: str) -> None:
+        """The module was healed: its state keeps its round number but not the anchor the kept rounds led to, so
+        they no longer lead to it (a second liar's rounds before the heal are past healing)."""
+        self._rounds.pop(module, None)
