@@ -177,6 +177,9 @@ class NodeStatus:
     rounds_undone: int = 0
     """Rounds of a module undone because a reducer proven a liar reduced them or an earlier kept one
     (protocol/rounds/heal.py): their merged tokens are discarded."""
+    anchor_max_abs: dict[str, float] = field(default_factory=dict)
+    """module → the largest |value| its anchor took after any round applied in this run: how far a lie moved it
+    (benchmarks/hostile.py compares it with a clean run's)."""
 
     # ---- start and stop ---------------------------------------------------------------------------------------
     def joined_dht(self, reachable: bool | None, client: bool) -> None:
@@ -294,6 +297,10 @@ class NodeStatus:
             self.tokens_merged -= lost_tokens
             self.tokens_discarded += lost_tokens
         self.rounds_undone += rounds
+
+    def anchor_seen(self, mid: str, max_abs: float) -> None:
+        """`mid`'s anchor after a round applied: its largest |value|."""
+        self.anchor_max_abs[mid] = max(self.anchor_max_abs.get(mid, 0.0), max_abs)
 
     def audited(self) -> None:
         self.audits += 1

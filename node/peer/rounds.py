@@ -187,6 +187,7 @@ class Rounds:
                 logger.error("module %s round %d: digest %s != group's %s; re-syncing", mid, result.round,
                              done.digest_after, result.digest_after)
                 self._resync_later(mid, result.reducer or item.reducer)
+            self.status.anchor_seen(mid, float(st.anchor.abs().max()))
             self.status.round_applied(mid, st.round, done.digest_after, result.contributors,
                                       late=result.status == "late", diverged=done.diverged)
             self.publish_local(mid)

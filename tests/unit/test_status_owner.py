@@ -28,7 +28,7 @@ STATUS_FILE_FIELDS = [
     "checkpointing", "bytes_sent", "bytes_received", "val_loss_before", "val_loss_after", "rounds_failed",
     "rounds_retried", "rounds_missed", "train_wall_s", "digests", "module_rounds", "reducers", "loss_curve",
     "loss_history", "groups", "history", "checkpoint_round", "claims_read_late", "wait_max_s", "round_work_s",
-    "audits", "distrusted", "state", "rounds_undone"]
+    "audits", "distrusted", "state", "rounds_undone", "anchor_max_abs"]
 
 
 class _Scope:
