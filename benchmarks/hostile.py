@@ -20,7 +20,12 @@ third node (path 1.0: it shares `shared`) joins a third of the way in and trains
   real node paced to 1 token/s: its first round would take minutes); the goal reads the honest nodes' rounds per
   second against the clean arm's (≥ 0.9) besides their loss;
 - `late-liar` (issue 27): the lying reducer of `lying-reducer`, honest through its checked rounds, lying from round
-  LATE_LIE_ROUND of each module on (its lies are then applied until an audit catches one).
+  6 of each module on (past its 3 checked rounds: its lies, inside the members' bound, are applied until an audit
+  catches one, and then undone: protocol/rounds/heal.py);
+- `late-liar-huge` (issue 27): the same, sending -1e4 × the true mean (the kind of lie that once set the anchors to
+  ~3e4): beyond every member's bound (protocol/rounds/rule.py `mean_bound`), refused before it is applied.
+Besides the loss, each lie's arm reads the largest |value| the honest anchors took in the run (`anchor_max_abs`)
+against the clean arm's (≤ ANCHOR_GOAL), and the rounds the honest nodes undid.
 Contributions with bounded, scaled, sign-flipped, NaN or wrong-shape outer gradients are measured by
 benchmarks/byzantine.py on the node's round rule (a simulator: it needs no network to show the screen's effect).
 
@@ -59,8 +64,11 @@ from pathswarm.protocol.spec import AveragingSpec, DataSpec, InnerOptSpec, Model
 H, STEPS_PER_S, BATCH, CONTEXT = 10, 5, 4, 32
 HONEST = {"a": "0.0", "b": "0.1"}
 JOINER_PATH = "1.0"  # its L0M1 is a module nobody has trained before it joins
-ARMS = ("clean", "forged-state", "dht-stuffing", "lying-reducer", "flood", "silent-claimant", "late-liar")
-LATE_LIE_ROUND = 6  # the late liar lies from this round of a module on: past its NEW_REDUCER_AUDITS checked rounds
+ARMS = ("clean", "forged-state", "dht-stuffing", "lying-reducer", "flood", "silent-claimant", "late-liar",
+        "late-liar-huge")
+LIAR_ARMS = {"lying-reducer": ("0", "-1"), "late-liar": ("6", "-1"), "late-liar-huge": ("6", "-1e4")}
+"""The liar's (first lying round of a module, factor of the true mean it sends) in each arm (tests/lying_node.py)."""
+ANCHOR_GOAL = 1.1  # a lie's arm: the honest anchors' largest |value| in the run ≤ this × the clean arm's
 SPEED_GOAL = 0.9  # a silent claimant: the honest nodes' rounds per second ≥ this × the clean arm's
 GOAL = 0.02
 HELDOUT_DOCS, HELDOUT_SEED, HELDOUT_BATCHES = 1000, 12345, 200  # 200 batches × 4 × 32 bytes a path
@@ -132,7 +140,7 @@ def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
     spec_path.write_text(spec_text())
     hostile: subprocess.Popen | None = None
     stop = threading.Event()
-    liar_arm = arm in ("lying-reducer", "late-liar")
+    liar_arm = arm in LIAR_ARMS
     keys = ground_identities(workdir, "liar", list(HONEST)) if liar_arm else {}
     third = liar_arm or arm == "silent-claimant"
     with LocalSwarm(spec_path, workdir / "run") as swarm:
@@ -142,9 +150,8 @@ def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
             swarm.start_node(name, path=path, max_rounds=rounds, seed=i,
                              extra=["--wait-peers", "3" if third else "2", *pace(), *ident])
         if liar_arm:  # holds `shared` and `L0M0` with a and b; lies in rounds that merge all three
-            after = str(LATE_LIE_ROUND if arm == "late-liar" else 0)
             swarm.start_node("liar", path="0.0", max_rounds=rounds, seed=7,
-                             entry=["-m", "tests.lying_node", "3", after],
+                             entry=["-m", "tests.lying_node", "3", *LIAR_ARMS[arm]],
                              extra=["--wait-peers", "3", *pace(), "--identity", str(keys["liar"])])
         if arm == "silent-claimant":  # claims path 0.0 (so `shared` and `L0M0`) and never finishes a round
             swarm.start_node("silent", path="0.0", max_rounds=rounds, seed=7,
@@ -202,6 +209,9 @@ def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
         "rounds_failed": {n: st[n].get("rounds_failed", 0) for n in HONEST},
         "rounds_per_s": {n: st[n].get("round", 0) / max(st[n].get("train_wall_s") or 0.0, 1e-9) for n in HONEST},
         "rounds_retried": {n: st[n].get("rounds_retried", 0) for n in HONEST},
+        "rounds_undone": {n: st[n].get("rounds_undone", 0) for n in HONEST},
+        "anchor_max_abs": {m: max(st[n].get("anchor_max_abs", {}).get(m, 0.0) for n in HONEST)
+                           for m in st["a"].get("anchor_max_abs", {})},
         "bytes": {n: st[n].get("bytes_sent", 0) + st[n].get("bytes_received", 0) for n in HONEST},
         "replica_mismatches": len(mismatches), "digests_compared": compared,
         "forged_state_adopted": None if forged is None else any(
@@ -271,6 +281,8 @@ def main() -> None:
             "val_loss_ratio": {n: mean[arm][n] / mean["clean"][n] for n in HONEST},
             "rounds_retried": sum(sum(r["rounds_retried"].values()) for r in rs),
             "rounds_failed": sum(sum(r["rounds_failed"].values()) for r in rs),
+            "rounds_undone": sum(sum(r["rounds_undone"].values()) for r in rs),
+            "anchor_max_abs": {m: max(r["anchor_max_abs"].get(m, 0.0) for r in rs) for m in rs[0]["anchor_max_abs"]},
             "bytes_per_node_run": statistics.fmean(b for r in rs for b in r["bytes"].values()),
             "replica_mismatches": sum(r["replica_mismatches"] for r in rs),
             "crashed": sum(c != 0 for r in rs for c in r["exit_codes"].values()),
@@ -282,19 +294,26 @@ def main() -> None:
             "rounds_per_s": {n: statistics.fmean(r["rounds_per_s"][n] for r in rs) for n in HONEST},
         }
     for arm in arms:
+        clean_max = arms["clean"]["anchor_max_abs"]
+        arms[arm]["anchor_ratio"] = max((v / max(clean_max.get(m, 0.0), 1e-30)
+                                         for m, v in arms[arm]["anchor_max_abs"].items() if m in clean_max),
+                                        default=0.0)
         arms[arm]["speed_ratio"] = {n: arms[arm]["rounds_per_s"][n] / max(arms["clean"]["rounds_per_s"][n], 1e-9)
                                     for n in HONEST}
     attacks = [a for a in arms_run if a != "clean"]
     meets = all(max(arms[a]["loss_ratio"].values()) <= 1 + GOAL and arms[a]["replica_mismatches"] == 0
                 and arms[a]["crashed"] == 0 and not arms[a]["forged_state_adopted"]
-                and (a != "silent-claimant" or min(arms[a]["speed_ratio"].values()) >= SPEED_GOAL) for a in attacks)
+                and (a != "silent-claimant" or min(arms[a]["speed_ratio"].values()) >= SPEED_GOAL)
+                and (a not in LIAR_ARMS or arms[a]["anchor_ratio"] <= ANCHOR_GOAL) for a in attacks)
     result = {"benchmark": "hostile", "rounds": args.rounds, "repeats": args.repeats, "machine": machine(),
               "arms": arms, "goal": "each attack: honest loss within 2 % of clean, replicas identical, no crash; "
-              "a silent claimant: rounds per second >= 0.9 x clean's",
+              "a silent claimant: rounds per second >= 0.9 x clean's; a liar: the honest anchors' largest |value| "
+              "<= 1.1 x clean's",
               "meets_goal": meets, "wall_s": round(time.monotonic() - t0, 1)}
     for a in attacks:
         print(f"{a}: honest loss / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['loss_ratio'].items())}; "
-              f"rounds/s / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['speed_ratio'].items())}")
+              f"rounds/s / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['speed_ratio'].items())}; "
+              f"largest |anchor| / clean = {arms[a]['anchor_ratio']:.3f}; rounds undone {arms[a]['rounds_undone']}")
     write_json(args.json, result)
     plot(result, args.plot)
 

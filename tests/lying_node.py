@@ -1,12 +1,12 @@
 """A node that lies as a reducer, for tests/swarm/test_hostile.py: test code, never part of the product.
 
 It is a real `pathswarm node run` (same CLI, same protocol) whose round rule is swapped for one that, in rounds
-that merge at least GROUP contributions, from round AFTER of the module on (0: from the first), sends its group the
-sign-flipped mean of them, and applies that same lie itself, so its announced digest agrees with what its members
-reach: only an audit can tell (docs/SECURITY.md). AFTER past its checked rounds makes a reducer that turns hostile
-once trusted (issue 27).
+that merge at least GROUP contributions, from round AFTER of the module on (0: from the first), sends its group
+FACTOR × their mean (default -1: the sign-flipped mean), and applies that same lie itself, so its announced digest
+agrees with what its members reach: only an audit (or, for a large FACTOR, the members' bound) can tell
+(docs/SECURITY.md). AFTER past its checked rounds makes a reducer that turns hostile once trusted (issue 27).
 
-    python -m tests.lying_node GROUP [AFTER] node run ...
+    python -m tests.lying_node GROUP [AFTER [FACTOR]] node run ...
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from pathswarm.protocol.rounds.rule import ClosedRound, close_round, decode_mean
 logger = logging.getLogger("lying_node")
 
 
-def lying_closer(group: int, after: int = 0):
+def lying_closer(group: int, after: int = 0, factor: float = -1.0):
     def close(spec, contributions, numel, before):
         c = close_round(contributions, numel, spec, before)
         if before is None or not c.mean_frame or len(c.used) < group or before.round < after:
             return c
-        lie = encode_mean(-decode_mean(c.mean_frame, numel, spec.codec), spec.codec)
+        lie = encode_mean(factor * decode_mean(c.mean_frame, numel, spec.codec), spec.codec)
         lied = before.stepped(decode_mean(lie, numel, spec.codec), spec.outer)
-        logger.warning("LYING: round %d merged %d contributions, sending the sign-flipped mean", before.round,
-                       len(c.used))
+        logger.warning("LYING: round %d merged %d contributions, sending %g x their mean", before.round,
+                       len(c.used), factor)
         return ClosedRound(lie, c.used, c.tokens, c.rejected, lied)
 
     return close
@@ -37,7 +37,8 @@ def lying_closer(group: int, after: int = 0):
 if __name__ == "__main__":
     group = int(sys.argv[1])
     after = int(sys.argv.pop(2)) if sys.argv[2].isdigit() else 0
-    exchange_module.rule_closer = lying_closer(group, after)  # every exchange built from now on closes with it
+    factor = float(sys.argv.pop(2)) if sys.argv[2] not in ("node", "swarm") else -1.0
+    exchange_module.rule_closer = lying_closer(group, after, factor)  # every exchange built from now on closes with it
     sys.argv = ["pathswarm", *sys.argv[2:]]
     from pathswarm.node.app.cli import main
 
