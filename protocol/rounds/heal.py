@@ -7,10 +7,13 @@ the bytes the reducer sent: about one byte per parameter a round). On the proof 
 round from the last back to the oldest kept one the liar reduced (`heal`): an outer step is invertible given its
 mean, so the anchor and the momentum come back to what they were before the liar's first kept round. The honest rounds
 after it are undone too: their outer gradients were trained from the lied anchors, and replayed on the healed one
-they would push it past where it was. The module's round number does not go back: the healed state keeps the
-current round (and who reduces the next), so the group's rounds go on; every member that healed the same log
-reaches the same bits (the same float operations on the same inputs, in the same order), and one that did not
-(a member that joined after the lie) is re-synced from them by the digest checks, as after any divergence.
+they would push it past where it was. The module's round number does not go back: the healing counts as a round
+(the healed state is at the current round + 1, naming the current reducers), so a member's state before and after
+its heal are never announced at the same round (the split watch would read the two as a split, and an unhealed
+peer's stale announcement could win it); every member that healed the same log at the same round reaches the same
+bits (the same float operations on the same inputs, in the same order), and one that did not (a member that joined
+after the lie, or learnt of the proof a round later) is re-synced from them by the digest checks and the majority
+rule, as after any divergence.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ class Healed:
     """What `heal` made of a module's state."""
 
     state: OuterState
-    """The state before the liar's first kept round, at the current round number and naming the current reducers."""
+    """The state before the liar's first kept round, at the current round + 1 and naming the current reducers."""
     undone: tuple[AppliedRound, ...]
     """The rounds undone, oldest first."""
 
@@ -83,7 +86,8 @@ def heal(state: OuterState, applied: list[AppliedRound], liars: Collection[str],
     for entry in reversed(applied[first:]):
         anchor, momentum = unstep(current, decode_mean(entry.mean_frame, numel, codec), entry.round, outer)
         current = OuterState(anchor, momentum, entry.round, state.reducers)
-    return Healed(OuterState(current.anchor, current.momentum, state.round, state.reducers), tuple(applied[first:]))
+    return Healed(OuterState(current.anchor, current.momentum, state.round + 1, state.reducers),
+                  tuple(applied[first:]))
 
 
 class AppliedLog:
@@ -105,6 +109,6 @@ class AppliedLog:
         return list(self._rounds.get(module, ()))
 
     def healed(self, module: str) -> None:
-        """The module was healed: its state keeps its round number but not the anchor the kept rounds led to, so
-        they no longer lead to it (a second liar's rounds before the heal are past healing)."""
+        """The module was healed: the kept rounds no longer lead to its state (a second liar's rounds before the
+        heal are past healing)."""
         self._rounds.pop(module, None)

@@ -142,7 +142,7 @@ def test_a_reducer_proven_a_liar_after_we_applied_its_rounds_has_them_undone_bef
     rounds.auditor.proven.add("liar")
     rounds._undo_lies(mid)
     healed = worker.outer[mid]
-    assert healed.round == 2 and torch.allclose(healed.anchor, good.anchor, atol=1e-5)
+    assert healed.round == 3 and torch.allclose(healed.anchor, good.anchor, atol=1e-5)
     assert torch.allclose(worker.flat(mid), healed.anchor + 0.25, atol=1e-5)  # our progress kept
     assert rounds.status.rounds_undone == 2 and rounds.merged_log[mid] == {}
     assert mid == "shared" and (rounds.status.tokens_merged, rounds.status.tokens_discarded) == (0, 200)
