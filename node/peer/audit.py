@@ -69,6 +69,8 @@ class _Check:
     """Who the frames come from: the reducer (our own audit) or the member that alerted us."""
     alert: Alert | None
     future: Future
+    applied: bool = True
+    """The round was applied here (False: checked before applying; a lie found then was never applied)."""
 
 
 def audit_group_size(contributors: Iterable[str], holders: Iterable[str]) -> int:
@@ -96,14 +98,18 @@ class Auditor:
         per module: counted per reducer, a reducer of 3 modules left its probation after one round. Bounded: only
         peers that reduced rounds for us."""
         self.proven: set[str] = set()
-        """Reducers a recomputed mean proved liars (node/peer/rounds.py undoes the rounds of theirs we applied:
-        protocol/rounds/heal.py). Bounded: only distrusted peers."""
+        """Reducers a recomputed mean proved liars in a round we had applied (node/peer/rounds.py undoes the rounds
+        of theirs we kept: protocol/rounds/heal.py). A lie caught before it was applied undoes nothing: the rounds
+        we applied from that reducer carry no proof, and undoing a run of them costs as many rounds of progress.
+        Bounded: only distrusted peers."""
 
     def record(self, module: str, result: RoundReply, reference: float, own: tuple[int, bytes],
-               holders: Iterable[str] = ()) -> str:
+               holders: Iterable[str] = (), suspect: bool = False) -> str:
         """A round we are about to apply: remember it, and audit it when another peer reduced it: a reducer's first
         NEW_REDUCER_AUDITS rounds now, before the mean is applied, later ones at random in the background.
-        `own`: the (tokens, frame) we sent for it; `holders`: the module's holders in our view of the claims.
+        `own`: the (tokens, frame) we sent for it; `holders`: the module's holders in our view of the claims;
+        `suspect`: the mean points away from our own outer gradient (protocol/rounds/rule.py `suspicious`): checked
+        now, before it is applied, whatever the reducer's record.
 
         Returns why the round must not be applied ("" when it may): its mean is not what its frames give, or a
         reducer not yet audited did not serve them."""
@@ -119,7 +125,7 @@ class Auditor:
         rate = self.cfg.audit_rate
         if rate <= 0:
             return ""
-        if self.passed.get((reducer, module), 0) < NEW_REDUCER_AUDITS:
+        if suspect or self.passed.get((reducer, module), 0) < NEW_REDUCER_AUDITS:
             return self._verify_now(module, result.round, reducer)
         if self.rng.random() < min(1.0, rate / audit_group_size(result.contributors, holders)):
             self._fetch(module, result.round, reducer, None)
@@ -143,7 +149,7 @@ class Auditor:
             except Exception:  # the check below reads the failure from the future
                 pass
             self._passed_now = False
-            proof = self._check(_Check(module, round_, reducer, None, fut))
+            proof = self._check(_Check(module, round_, reducer, None, fut, applied=False))
             if proof:
                 return proof
             if reducer in self.exchange.distrusted:  # proven a liar meanwhile (in another module's round, say)
@@ -253,7 +259,8 @@ class Auditor:
             return ""
         reason = f"its mean of {check.module} round {check.round} is not what its frames give: {proof}"
         self.exchange.distrust(got.reducer, reason)
-        self.proven.add(got.reducer)
+        if check.applied:  # we applied its lie: its kept rounds are undone (protocol/rounds/heal.py)
+            self.proven.add(got.reducer)
         self.exchange.audits.store.keep(check.module, check.round, frames)  # the proof, for those we alert
         others = [p for p in got.contributors if p not in (self.status.peer_id, got.reducer, check.source)]
         if others:

@@ -28,9 +28,10 @@ from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.rounds.exchange import ModuleExchange
 from pathswarm.protocol.rounds.heal import AppliedLog, heal
 from pathswarm.protocol.rounds.messages import RoundReply, RoundStatus
+from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducer_state import RANK_LOST
 from pathswarm.protocol.rounds.reducers import candidates
-from pathswarm.protocol.rounds.rule import RoundError, mean_bound, reference_norm
+from pathswarm.protocol.rounds.rule import RoundError, decode_mean, mean_bound, reference_norm, suspicious
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class Rounds:
             bound = mean_bound(item.sent.delta_norm, item.sent.tokens, reference_norm(st), self.spec)
             # before settle: the round rule's history norm is the momentum's before this round's mean moves it
             refused = self.auditor.record(mid, result, reference_norm(st), (item.sent.tokens, item.sent.frame),
-                                          self.holders.get(mid, ()))
+                                          self.holders.get(mid, ()), suspect=self._suspect(st, item, result))
             if refused and self._retry_after_lie(mid, item, result):
                 return
             if refused:  # checked before applying, and not to be applied: the round failed for us, our steps carry
@@ -198,6 +199,17 @@ class Rounds:
         if result.status == "out_of_sync":
             self._resync_later(mid, result.reducer or item.reducer)
         # "behind": the reducer re-syncs itself; our outer gradient waits for the next round
+
+    def _suspect(self, st: OuterState, item: InFlight, result: RoundReply) -> bool:
+        """Does the mean of a round that merged our outer gradient point away from it (protocol/rounds/rule.py
+        `suspicious`)? Then it is audited before it is applied."""
+        if not result.status.ours or not result.mean_frame:
+            return False
+        try:
+            mean = decode_mean(result.mean_frame, st.anchor.numel(), self.spec.codec)
+        except RoundError:
+            return False  # settling refuses it anyway
+        return suspicious(mean, st.anchor - item.sent.local_when_sent)
 
     def _undo_lies(self, mid: str) -> None:
         """Undo the rounds of `mid` that reducers proven liars since reduced (protocol/rounds/heal.py), keeping our

@@ -120,6 +120,20 @@ def beyond_bound(mean: torch.Tensor, bound: float) -> str | None:
     return None
 
 
+SUSPECT_COSINE = 0.0
+"""A member's check before applying (node/peer/audit.py) also takes any round whose mean has at most this cosine
+with the member's own outer gradient in it: an honest robust mean contains ours with its weight and the others'
+pull the same way more often than not (the round rule's own runs: never below 0.09 over 360 DiPaCo member-rounds,
+0.48 over 480 DiLoCo ones), where a sign-flipped mean sits near −0.6. A suspicion, not a proof: the audit decides."""
+
+
+def suspicious(mean: torch.Tensor, own_delta: torch.Tensor) -> bool:
+    """Does a round's mean point away from our own outer gradient in it (SUSPECT_COSINE)?"""
+    dot = float(torch.dot(mean.reshape(-1).double(), own_delta.reshape(-1).double()))
+    norms = float(torch.linalg.vector_norm(mean)) * float(torch.linalg.vector_norm(own_delta))
+    return norms > 0 and dot <= SUSPECT_COSINE * norms
+
+
 AUDIT_TOLERANCE = 1e-2
 """An audited mean may differ from the recomputed one by this fraction of its norm: another machine's float sums
 (SIMD width, threads) may round a few values into the next int8 step. A reducer can bias a round by no more."""

@@ -210,3 +210,13 @@ def test_the_bound_follows_the_screens_a_short_chunk_and_the_momentum():
     plain = SPEC.replace(averaging=AveragingSpec(clip_factor=0.0, norm_bound=10.0))
     assert mean_bound(2.0, per_round, 0.0, plain) == 10.0 * 2.0  # a plain mean reaches the screen's bound
     assert mean_bound(2.0, per_round, 0.0, SPEC.replace(averaging=AveragingSpec(norm_bound=0.0))) == math.inf
+
+
+def test_a_mean_pointing_away_from_our_outer_gradient_is_suspicious():
+    from pathswarm.protocol.rounds.rule import suspicious
+
+    ours = torch.randn(NUMEL, generator=torch.Generator().manual_seed(5))
+    others = torch.randn(NUMEL, generator=torch.Generator().manual_seed(6))
+    honest = (ours + 2 * others) / 3  # ours in the mean with a third of the weight, the others' unrelated
+    assert not suspicious(honest, ours) and suspicious(-honest, ours)
+    assert not suspicious(torch.zeros(NUMEL), ours)  # nothing to compare

@@ -150,6 +150,26 @@ def test_a_reducer_proven_a_liar_after_we_applied_its_rounds_has_them_undone_bef
     assert worker.outer[mid] is healed and rounds.status.rounds_undone == 2
 
 
+def test_a_mean_pointing_away_from_our_outer_gradient_is_checked_before_it_is_applied(spec, synthetic_docs):
+    """A reducer past its checked rounds: its round is audited before applying when its mean points away from our
+    outer gradient in it (protocol/rounds/rule.py `suspicious`: a sign-flipped mean), not when it points our way."""
+    from pathswarm.compression import encode
+
+    asked = []
+    for sign in (1.0, -1.0):
+        rounds, worker, exchange, _ = _rounds(spec, synthetic_docs)
+        mid = worker.module_ids[0]
+        _send(rounds, worker, _groups(worker))
+        sent = rounds.in_flight[mid].sent
+        ours = worker.outer[mid].anchor - sent.local_when_sent
+        item = rounds.in_flight.pop(mid)
+        item.future.set_result(RoundResult(mid, 0, "merged", mean_frame=encode(sign * ours), reducer="r1",
+                                           contributors=["r1", "me"], frames=(("r1", 1, "h"), ("me", 1, "h"))))
+        rounds.auditor.record = lambda *args, **kw: asked.append(kw.get("suspect")) or ""
+        rounds._settle(mid, item)
+    assert asked == [False, True]
+
+
 def test_a_reducer_that_only_did_not_show_its_frames_is_not_failed_over_from(spec, synthetic_docs):
     """Not showing the frames proves nothing (the others may have applied the round): the round fails for us."""
     rounds, worker, exchange, _ = _rounds(spec, synthetic_docs)
