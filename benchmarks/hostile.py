@@ -23,7 +23,10 @@ third node (path 1.0: it shares `shared`) joins a third of the way in and trains
   6 of each module on (past its 3 checked rounds: its lies, inside the members' bound, are applied until an audit
   catches one, and then undone: protocol/rounds/heal.py);
 - `late-liar-huge` (issue 27): the same, sending -1e4 × the true mean (the kind of lie that once set the anchors to
-  ~3e4): beyond every member's bound (protocol/rounds/rule.py `mean_bound`), refused before it is applied.
+  ~3e4): beyond every member's bound (protocol/rounds/rule.py `mean_bound`), refused before it is applied;
+- `late-liar-noise` (issue 27): the same, sending the true mean plus noise 3 × its norm: inside the bound and
+  pointing our way (not `suspicious`), so applied until a random audit catches one, then undone
+  (protocol/rounds/heal.py).
 Besides the loss, each lie's arm reads the largest |value| the honest anchors took in the run (`anchor_max_abs`)
 against the clean arm's (≤ ANCHOR_GOAL), and the rounds the honest nodes undid.
 Contributions with bounded, scaled, sign-flipped, NaN or wrong-shape outer gradients are measured by
@@ -65,8 +68,9 @@ H, STEPS_PER_S, BATCH, CONTEXT = 10, 5, 4, 32
 HONEST = {"a": "0.0", "b": "0.1"}
 JOINER_PATH = "1.0"  # its L0M1 is a module nobody has trained before it joins
 ARMS = ("clean", "forged-state", "dht-stuffing", "lying-reducer", "flood", "silent-claimant", "late-liar",
-        "late-liar-huge")
-LIAR_ARMS = {"lying-reducer": ("0", "-1"), "late-liar": ("6", "-1"), "late-liar-huge": ("6", "-1e4")}
+        "late-liar-huge", "late-liar-noise")
+LIAR_ARMS = {"lying-reducer": ("0", "-1"), "late-liar": ("6", "-1"), "late-liar-huge": ("6", "-1e4"),
+             "late-liar-noise": ("6", "noise3")}
 """The liar's (first lying round of a module, factor of the true mean it sends) in each arm (tests/lying_node.py)."""
 ANCHOR_GOAL = 1.1  # a lie's arm: the honest anchors' largest |value| in the run ≤ this × the clean arm's
 SPEED_GOAL = 0.9  # a silent claimant: the honest nodes' rounds per second ≥ this × the clean arm's
