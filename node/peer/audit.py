@@ -97,10 +97,9 @@ class Auditor:
         NEW_REDUCER_AUDITS rounds of each module are all audited before they are applied (docs/SECURITY.md). Counted
         per module: counted per reducer, a reducer of 3 modules left its probation after one round. Bounded: only
         peers that reduced rounds for us."""
-        self.proven: set[str] = set()
-        """Reducers a recomputed mean proved liars in a round we had applied (node/peer/rounds.py undoes the rounds
-        of theirs we kept: protocol/rounds/heal.py). A lie caught before it was applied undoes nothing: the rounds
-        we applied from that reducer carry no proof, and undoing a run of them costs as many rounds of progress.
+        self.proven: dict[str, int] = {}
+        """Reducer → the round of the first lie a recomputed mean proved in a round we had applied (node/peer/rounds.py
+        undoes our rounds from it on: protocol/rounds/heal.py). A lie caught before it was applied undoes nothing.
         Bounded: only distrusted peers."""
 
     def record(self, module: str, result: RoundReply, reference: float, own: tuple[int, bytes],
@@ -259,8 +258,8 @@ class Auditor:
             return ""
         reason = f"its mean of {check.module} round {check.round} is not what its frames give: {proof}"
         self.exchange.distrust(got.reducer, reason)
-        if check.applied:  # we applied its lie: its kept rounds are undone (protocol/rounds/heal.py)
-            self.proven.add(got.reducer)
+        if check.applied:  # we applied its lie: our rounds from it on are undone (protocol/rounds/heal.py)
+            self.proven.setdefault(got.reducer, check.round)
         self.exchange.audits.store.keep(check.module, check.round, frames)  # the proof, for those we alert
         others = [p for p in got.contributors if p not in (self.status.peer_id, got.reducer, check.source)]
         if others:

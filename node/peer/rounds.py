@@ -212,19 +212,21 @@ class Rounds:
         return suspicious(mean, st.anchor - item.sent.local_when_sent)
 
     def _undo_lies(self, mid: str) -> None:
-        """Undo the rounds of `mid` that reducers proven liars since reduced (protocol/rounds/heal.py), keeping our
+        """Undo our rounds of `mid` from the round of a lie an audit proved (protocol/rounds/heal.py), keeping our
         local progress on top of the healed anchor; before the module's next send, when none of its rounds is in
         flight. Our tokens merged in the rounds undone are discarded: those steps are gone from the module."""
-        liars = set(self.exchange.distrusted) & set(self.auditor.proven)
-        if not liars or mid in self.in_flight:
+        if not self.auditor.proven or mid in self.in_flight:
             return
         st = self.worker.outer[mid]
-        try:
-            healed = heal(st, self.applied.rounds(mid), liars, self.spec.outer, self.spec.codec)
-        except RoundError as e:  # a kept mean that decoded when applied: cannot happen short of memory corruption
-            logger.error("module %s: cannot undo the liar's rounds: %s", mid, e)
-            healed = None
-        if healed is None:
+        for liar, from_round in sorted(self.auditor.proven.items(), key=lambda kv: kv[1]):
+            try:
+                healed = heal(st, self.applied.rounds(mid), liar, from_round, self.spec.outer, self.spec.codec)
+            except RoundError as e:  # a kept mean that decoded when applied: cannot happen short of memory corruption
+                logger.error("module %s: cannot undo the liar's rounds: %s", mid, e)
+                healed = None
+            if healed is not None:
+                break
+        else:
             return
         self.applied.healed(mid)
         self.worker.set_flat(mid, healed.state.anchor + (self.worker.flat(mid) - st.anchor))
@@ -232,9 +234,9 @@ class Rounds:
         log = self.merged_log.get(mid, {})
         lost = sum(log.pop(a.round + 1, 0) for a in healed.undone)
         self.status.lies_undone(mid, len(healed.undone), lost)
-        logger.warning("module %s: undid rounds %d-%d (reduced by %s, proven a liar, and the rounds after); state "
-                       "%s at round %d", mid, healed.undone[0].round, healed.undone[-1].round,
-                       ", ".join(sorted(p[-8:] for p in liars)), healed.state.digest()[:12], healed.state.round)
+        logger.warning("module %s: undid rounds %d-%d (from the lie of %s an audit proved); state %s at round %d",
+                       mid, healed.undone[0].round, healed.undone[-1].round, liar[-8:], healed.state.digest()[:12],
+                       healed.state.round)
         self.publish_local(mid)
 
     def _retry_after_lie(self, mid: str, item: InFlight, result: RoundReply) -> bool:

@@ -3,22 +3,25 @@ runs on its own replica.
 
 An audit proves a reducer a liar only after its round was applied (node/peer/audit.py; docs/SECURITY.md, "Healing an
 applied lie"). Every member keeps the means it applied in its last HEAL_ROUNDS rounds of each module (`AppliedLog`,
-the bytes the reducer sent: about one byte per parameter a round). On the proof it undoes, newest first, every
-round from the last back to the oldest kept one the liar reduced (`heal`): an outer step is invertible given its
-mean, so the anchor and the momentum come back to what they were before the liar's first kept round. The honest rounds
-after it are undone too: their outer gradients were trained from the lied anchors, and replayed on the healed one
-they would push it past where it was. The module's round number does not go back: the healing counts as a round
-(the healed state is at the current round + 1, naming the current reducers), so a member's state before and after
-its heal are never announced at the same round (the split watch would read the two as a split, and an unhealed
-peer's stale announcement could win it); every member that healed the same log at the same round reaches the same
-bits (the same float operations on the same inputs, in the same order), and one that did not (a member that joined
-after the lie, or learnt of the proof a round later) is re-synced from them by the digest checks and the majority
-rule, as after any divergence.
+the bytes the reducer sent: about one byte per parameter a round). On the proof of a lie in round P it undoes, newest
+first, every kept round from P on (`heal`): an outer step is invertible given its mean, so the anchor and the
+momentum come back to what they were before P. P is the proof's (the alert names it), so every member that learns of
+the same proof undoes the same rounds; the liar's rounds before P carry no proof and stay (undoing a run of
+unproven rounds costs as many rounds of progress: benchmarks/hostile.py lost more to that than to the lies; what
+they can hold is within the members' bound, protocol/rounds/rule.py `mean_bound`). The honest rounds after P are
+undone too: their outer gradients were trained from the lied anchors, and replayed on the healed one they would push
+it past where it was. The module's round number does not go back: the healing counts as a round (the healed state
+is at the current round + 1, naming the current reducers), so a member's state before and after its heal are never
+announced at the same round (the split watch would read the two as a split, and an unhealed peer's stale
+announcement could win it); every member that healed the same log at the same round reaches the same bits (the
+same float operations on the same inputs, in the same order), and one that did not (a member that joined after the
+lie, or learnt of the proof a round later) is re-synced from them by the digest checks and the majority rule, as
+after any divergence. The proof names one module's round; the liar's other modules (a path's modules advance
+together) are undone from the same round number.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -28,10 +31,9 @@ from pathswarm.protocol.rounds.rule import decode_mean
 from pathswarm.protocol.spec import CodecSpec, OuterOptSpec
 
 HEAL_ROUNDS = 8
-"""Applied rounds of each module a member keeps the means of. A liar past its checked rounds is caught by a random
-audit with probability min(1, audit_rate / group size) per member and round (1 - (1 - 0.2/3)^3 ≈ 0.19 a round in a
-group of 3 at the default rate): 8 rounds cover about 4 out of 5 lies; an older one is past healing (its damage
-stays within the members' bound, protocol/rounds/rule.py `mean_bound`)."""
+"""Applied rounds of each module a member keeps the means of. A lie is proven by an audit of the round it was in
+(members audit a round while its frames are kept: 2 rounds, protocol/rounds/audit.py FRAMES_KEPT) and the alert
+reaches the others within seconds; 8 rounds leave room for a member that learns of it late."""
 
 
 @dataclass(frozen=True)
@@ -66,20 +68,20 @@ class Healed:
     """What `heal` made of a module's state."""
 
     state: OuterState
-    """The state before the liar's first kept round, at the current round + 1 and naming the current reducers."""
+    """The state before the proven round, at the current round + 1 and naming the current reducers."""
     undone: tuple[AppliedRound, ...]
     """The rounds undone, oldest first."""
 
 
-def heal(state: OuterState, applied: list[AppliedRound], liars: Collection[str], outer: OuterOptSpec,
+def heal(state: OuterState, applied: list[AppliedRound], liar: str, from_round: int, outer: OuterOptSpec,
          codec: CodecSpec) -> Healed | None:
-    """Undo `applied` (oldest first, the last one made `state`) back to and including the oldest round a peer of
-    `liars` reduced; None when none of them reduced a kept round. A mean that no longer decodes (it did when applied)
-    raises RoundError."""
+    """Undo `applied` (oldest first, the last one made `state`) from round `from_round` on, the round of a proven lie
+    of `liar`; None when that round is not kept, or `liar` reduced none of the kept rounds from it on (this module's
+    rounds from there were honest). A mean that no longer decodes (it did when applied) raises RoundError."""
     if not applied or applied[-1].digest_after != state.digest():
         return None  # the kept rounds do not lead to this state (replaced since): nothing to undo them from
-    first = next((i for i, a in enumerate(applied) if a.reducer in liars), None)
-    if first is None:
+    first = next((i for i, a in enumerate(applied) if a.round == from_round), None)
+    if first is None or not any(a.reducer == liar for a in applied[first:]):
         return None
     numel = state.anchor.numel()
     current = state

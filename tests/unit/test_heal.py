@@ -56,31 +56,32 @@ def applied_run(liar_rounds: set[int], n: int = 12, liar: str = "L"):
     return st, log, states
 
 
-def test_heal_undoes_the_liars_rounds_and_those_after_back_to_the_state_before_its_first():
-    st, log, states = applied_run({7, 8})
-    healed = heal(st, log.rounds("m"), {"L"}, SPEC.outer, SPEC.codec)
+def test_heal_undoes_the_rounds_from_the_proven_lie_on_back_to_the_state_before_it():
+    st, log, states = applied_run({5, 7, 8})  # the liar reduced rounds 5, 7, 8; the audit proved the lie of 7
+    healed = heal(st, log.rounds("m"), "L", 7, SPEC.outer, SPEC.codec)
     assert healed is not None and [a.round for a in healed.undone] == [7, 8, 9, 10, 11]
-    good = states[7]  # the state before the liar's first round
+    good = states[7]  # the state before the proven lie (round 5, unproven, stays)
     assert torch.allclose(healed.state.anchor, good.anchor, atol=1e-5)
     assert torch.allclose(healed.state.momentum, good.momentum, atol=1e-5)
-    # the round goes on: the heal counts as a round, and who reduces the next one is kept
+    # the heal counts as a round, and who reduces the next one is kept
     assert healed.state.round == st.round + 1 == 13 and healed.state.reducers == st.reducers
     # every replica that applied the same rounds heals to the same bits
-    st2, log2, _ = applied_run({7, 8})
-    again = heal(st2, log2.rounds("m"), {"L"}, SPEC.outer, SPEC.codec)
+    st2, log2, _ = applied_run({5, 7, 8})
+    again = heal(st2, log2.rounds("m"), "L", 7, SPEC.outer, SPEC.codec)
     assert again is not None and again.state.digest() == healed.state.digest()
     # the lie was large: undone, the anchor is far from the lied one and back where honest training had it
     assert float((st.anchor - good.anchor).norm()) > 100 * float((healed.state.anchor - good.anchor).norm())
 
 
-def test_nothing_is_undone_without_a_liars_round_kept_or_when_the_log_does_not_lead_to_the_state():
+def test_nothing_is_undone_without_the_proven_round_kept_a_liars_round_from_it_or_a_log_leading_to_the_state():
     st, log, _ = applied_run({1}, n=12)  # its round fell out of the kept window (HEAL_ROUNDS = 8)
     assert [a.round for a in log.rounds("m")] == list(range(4, 12))
-    assert heal(st, log.rounds("m"), {"L"}, SPEC.outer, SPEC.codec) is None
-    st, log, _ = applied_run({10})
-    assert heal(st, log.rounds("m"), {"someone else"}, SPEC.outer, SPEC.codec) is None
+    assert heal(st, log.rounds("m"), "L", 1, SPEC.outer, SPEC.codec) is None
+    st, log, _ = applied_run({6})
+    assert heal(st, log.rounds("m"), "L", 7, SPEC.outer, SPEC.codec) is None  # honest from the proven round on
+    assert heal(st, log.rounds("m"), "someone else", 6, SPEC.outer, SPEC.codec) is None
     replaced = OuterState(st.anchor + 1, st.momentum, st.round, st.reducers)  # a re-sync replaced the state
-    assert heal(replaced, log.rounds("m"), {"L"}, SPEC.outer, SPEC.codec) is None
+    assert heal(replaced, log.rounds("m"), "L", 6, SPEC.outer, SPEC.codec) is None
 
 
 def test_the_log_keeps_a_chain_of_consecutive_rounds_and_forgets_it_after_a_heal():

@@ -130,7 +130,7 @@ def test_a_reducer_proven_a_liar_after_we_applied_its_rounds_has_them_undone_bef
     numel = worker.outer[mid].anchor.numel()
     good = worker.outer[mid]
     st = good
-    for r, reducer in enumerate(["liar", "r2"]):  # the liar's round, then an honest one trained from its anchor
+    for r, reducer in enumerate(["liar", "r2"]):  # the liar's lie (round 0), then an honest round from its anchor
         frame = encode(torch.full((numel,), 0.05 * (r + 1)))
         st = st.stepped(decode_mean(frame, numel, spec.codec), spec.outer)
         rounds.applied.applied(mid, r, reducer, frame, st.digest())
@@ -139,7 +139,7 @@ def test_a_reducer_proven_a_liar_after_we_applied_its_rounds_has_them_undone_bef
     worker.set_flat(mid, st.anchor + 0.25)  # our steps since the last round
     rounds.status.round_settled("shared", 200, 0)
     exchange.distrusted["liar"] = "its mean of it is not what its frames give"
-    rounds.auditor.proven.add("liar")
+    rounds.auditor.proven["liar"] = 0  # an audit proved its round 0 a lie
     rounds._undo_lies(mid)
     healed = worker.outer[mid]
     assert healed.round == 3 and torch.allclose(healed.anchor, good.anchor, atol=1e-5)
