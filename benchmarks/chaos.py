@@ -71,8 +71,10 @@ def make_spec(directory: Path, args) -> tuple[SwarmSpec, Path]:
     return spec, path
 
 
-# status counters summed over every incarnation of a node
-COUNTERS = ("tokens_merged", "tokens_trained", "tokens_discarded", "tokens_reduced", "tokens_resumed")
+# status counters over every incarnation of a node: a restarted node continues all but PER_RUN from its earlier runs
+# (node/peer/counters.py), so its latest status holds them; PER_RUN ones are summed over its incarnations
+COUNTERS = ("tokens_merged", "tokens_trained", "tokens_discarded", "tokens_reduced", "tokens_lost", "tokens_resumed")
+PER_RUN = ("tokens_resumed",)
 
 
 def fault_plan(seed: int, seconds: float, nodes: int, mean_gap_s: float, stall_fraction: float,
@@ -95,6 +97,13 @@ def fault_plan(seed: int, seconds: float, nodes: int, mean_gap_s: float, stall_f
                      "kind": "stall" if rng.random() < stall_fraction else "kill"})
 
 
+def _mtime_ns(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
 class Arm:
     """One arm: start the swarm, follow the plan, keep every incarnation's last status."""
 
@@ -102,8 +111,9 @@ class Arm:
         self.name, self.args, self.sync, self.plan = name, args, sync, plan
         self.swarm = LocalSwarm(spec_path, workdir)
         self.nodes = [f"n{i}" for i in range(args.nodes)]
-        # per counter of the status: what each node's earlier incarnations counted
+        # per counter of the status: what each node's earlier incarnations counted (PER_RUN ones only)
         self.banked = {c: {n: 0 for n in self.nodes} for c in COUNTERS}
+        self.stale: dict[str, int | None] = {}  # node → the mtime of the status file its killed incarnation left
         self.incarnations: list[dict] = []  # every finished incarnation's longest stand-still, and whether it stalled
         self.stalled_now: set[str] = set()  # nodes SIGSTOPped during their current incarnation
         self.last = {n: {} for n in self.nodes}  # last status seen of the current incarnation
@@ -147,6 +157,8 @@ class Arm:
 
     def poll(self, t: float) -> None:
         for n in self.nodes:
+            if self.stale.get(n) == _mtime_ns(self.swarm.node_files(n)["status.json"]):
+                continue  # the killed incarnation's, already counted
             st = self.swarm.status(n) or {}
             if st.get("peer_id") and st.get("tokens_merged", 0) >= self.last[n].get("tokens_merged", 0):
                 self.last[n] = st
@@ -155,11 +167,13 @@ class Arm:
     def kill(self, n: str, t: float) -> None:
         self.swarm.signal(n, signal.SIGKILL)
         self.swarm.nodes[n].wait(10)
-        for c in COUNTERS:
+        for c in PER_RUN:
             self.banked[c][n] += int(self.last[n].get(c, 0))
         self.end_incarnation(n)
-        self.last[n] = {}
-        self.swarm.node_files(n)["status.json"].unlink(missing_ok=True)
+        # The killed run's status file stays: the restarted node reads it to count the tokens the kill lost, and its
+        # counts stand here until the new run writes its own, which continues them.
+        self.last[n] = {k: v for k, v in self.last[n].items() if k not in PER_RUN}
+        self.stale[n] = _mtime_ns(self.swarm.node_files(n)["status.json"])
         try:  # whatever moment the kill hit, the last complete checkpoint must load
             load_checkpoint(self.swarm.node_files(n)["checkpoint"], load_spec_cached(self.swarm.spec_path))
             self.checkpoints_ok += 1
@@ -213,6 +227,7 @@ class Arm:
             counted = {c: self.total(c) - offsets[c] for c in COUNTERS}
             merged, trained = counted["tokens_reduced"], counted["tokens_trained"]
             merged_members, discarded = counted["tokens_merged"], counted["tokens_discarded"]
+            lost = counted["tokens_lost"]
             # trained but not merged yet when time ran out (carried to a round that did not happen in time)
             unmerged = sum(int(self.last[n].get("tokens_unmerged", 0)) for n in self.nodes)
             for n in self.nodes:
@@ -230,6 +245,8 @@ class Arm:
                 "tokens_unmerged_at_end": unmerged,
                 # sync only: steps thrown away because a member died during their round (data-parallel redoes them)
                 "tokens_discarded": discarded,
+                # decoupled: trained by a killed node after its last save, or in flight at the kill, and not resumed
+                "tokens_lost": lost,
                 # decoupled only: tokens of rounds in progress that restarted nodes took over from their saved state
                 "tokens_resumed": counted["tokens_resumed"],
                 # tokens trained ÷ what the cap allows: ≈ 1 means the CPU kept up, so speeds are cap-bound

@@ -58,10 +58,11 @@ def _publish(sdht: SwarmNet, key: str, record: _R, expiration: float) -> bool:
 
 
 def _rounds_of(record: _R) -> list[int]:
-    """Every outer round a record names: its own, and a node's metrics' loss history and group sizes (a dashboard
-    keeps the newest rounds: one of 2^62 would push the real ones out)."""
+    """Every outer round a record names: its own, and a node's metrics' loss history, group sizes and healed splits
+    (a dashboard keeps the newest rounds: one of 2^62 would push the real ones out). An announcement's chain is below
+    its own round (records.py)."""
     return ([getattr(record, "round", 0)] + [r for r, _ in getattr(record, "history", ())]
-            + [g[1] for g in getattr(record, "groups", ())])
+            + [g[1] for g in getattr(record, "groups", ())] + [s[1] for s in getattr(record, "splits", ())])
 
 
 def _read(sdht: SwarmNet, spec: SwarmSpec, key: str, model: type[_R], timeout_s: float | None = None) -> list[_R]:

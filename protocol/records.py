@@ -19,7 +19,7 @@ import json
 import re
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pathswarm.protocol.membership import MAX_CERT_BYTES, MAX_REVOCATION_BYTES
 from pathswarm.protocol.spec import SwarmSpec
@@ -105,6 +105,16 @@ class PathClaim(_PathRecord):
 
 MAX_DISTRUSTS = 8
 """Most peers one announcement names as caught lying."""
+MAX_CHAIN = 4
+"""Most earlier states (round, digest, reducer list) one module announcement names."""
+MAX_SPLITS = 8
+"""Most healed splits a node's metrics name (its latest)."""
+STALLED_ROUNDS = 3
+"""A module none of whose rounds merged its node's outer gradient in this many of the node's rounds is reported
+stalled in the node's metrics."""
+
+DigestStr = Annotated[str, Field(pattern=r"^[0-9a-f]{1,64}$")]
+ListDigestStr = Annotated[str, Field(pattern=r"^([0-9a-f]{64})?$")]
 
 
 class ModuleAnnouncement(_Record):
@@ -128,11 +138,29 @@ class ModuleAnnouncement(_Record):
     distrusts: tuple[PeerIdStr, ...] = Field(default=(), max_length=MAX_DISTRUSTS)
     """Reducers the announcer caught lying (node/peer/audit.py), its latest ones: a joiner with no history of its
     own leaves out of its count a peer that most announcers distrust (node/peer/vouch.py `voted_out`)."""
+    chain: tuple[tuple[Count, DigestStr, ListDigestStr], ...] = Field(default=(), max_length=MAX_CHAIN)
+    """(round, digest, reducer-list digest) of the states the announcer held just before this one, each the one the
+    next was reached from by applying a round, oldest first (empty after a re-sync: it knows no predecessor). A
+    holder a round ahead thus still vouches for the state before (node/peer/vouch.py), and two versions of a round
+    show whatever rounds their holders are at now (node/peer/splits.py, `swarm status`). Rounds ascend below
+    `round`."""
 
     @field_validator("distrusts", mode="before")
     @classmethod
     def _list_to_tuple(cls, v: Any) -> Any:
         return tuple(v) if isinstance(v, list) else v  # the wire (msgpack) has lists only
+
+    @field_validator("chain", mode="before")
+    @classmethod
+    def _chain_to_tuples(cls, v: Any) -> Any:
+        return tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+
+    @model_validator(mode="after")
+    def _chain_before_round(self) -> ModuleAnnouncement:
+        rounds = [r for r, _, _ in self.chain] + [self.round]
+        if any(a >= b for a, b in zip(rounds, rounds[1:], strict=False)):
+            raise ValueError("chain rounds must ascend below the announced round")
+        return self
 
 
 class NodeMetrics(_PathRecord):
@@ -157,15 +185,27 @@ class NodeMetrics(_PathRecord):
     inner_steps: Count = 0
     """Inner steps the node has taken since it started (what fp32 data-parallel would have all-reduced after)."""
     tokens_trained: Count = 0
-    """Tokens the node has trained on since it started."""
+    """Tokens the node has trained on, over all its runs (a node restarted from its checkpoints continues its count)."""
+    counters_id: str = Field(default="", pattern=r"^([0-9a-f]{32})?$")
+    """Names the node's counts across its runs (node/peer/counters.py): a node restarted under a new peer id announces
+    the same one while its old record lives on, so totals count its tokens once. "": not stated."""
     groups: tuple[tuple[ModuleIdStr, Count, Count], ...] = Field(default=(), max_length=MAX_GROUPS)
     """(module, outer round, members merged in it) of the node's last merged rounds: group sizes over rounds."""
     rounds_missed: tuple[tuple[ModuleIdStr, Count, Count], ...] = Field(default=(), max_length=MAX_LEVELS + 1)
     """(module, rounds the node got late, rounds that failed for it) since it started, for modules with any."""
     reachable: bool | None = None
     """Whether peers can dial the node (None: not measured)."""
+    splits_healed: Count = 0
+    """Rounds of this node found merged in two versions whose version of ours lost (node/peer/splits.py)."""
+    splits: tuple[tuple[ModuleIdStr, Count, Count], ...] = Field(default=(), max_length=MAX_SPLITS)
+    """(module, the first state round of ours that lost, the rounds of the node from then until it held the winning
+    version) of its latest healed splits, oldest first: `swarm status` shows how long splits took to settle."""
+    stalled: tuple[tuple[ModuleIdStr, Count], ...] = Field(default=(), max_length=MAX_LEVELS + 1)
+    """(module, the node's rounds since a round with its outer gradient in it last made the module's state) for modules
+    at STALLED_ROUNDS or more: a holder left behind, refused by its group, or late round after round shows here
+    (node/peer/announce.py `StallWatch`)."""
 
-    @field_validator("history", "groups", "rounds_missed", mode="before")
+    @field_validator("history", "groups", "rounds_missed", "splits", "stalled", mode="before")
     @classmethod
     def _lists_to_tuples(cls, v: Any) -> Any:
         if isinstance(v, list):

@@ -41,8 +41,9 @@ def _path_history(metrics: list[NodeMetrics]) -> list[list[float]]:
 
 
 def replica_agreement(announcements: list[ModuleAnnouncement]) -> dict:
-    """One module's replica agreement from its announcements: the digests announced for each round, compared
-    across every announcer of that round, whatever round is newest.
+    """One module's replica agreement from its announcements: the digests announced for each round (each holder's
+    state and the last few before it, `ModuleAnnouncement.chain`), compared across every announcer of that round,
+    whatever round is newest.
 
     `replicas_agree`: False when a round was announced with two or more digests, True when at least one round
     had two announcers and none was split, None when no round had two announcers (nothing to compare).
@@ -50,9 +51,12 @@ def replica_agreement(announcements: list[ModuleAnnouncement]) -> dict:
     `rounds_compared`: rounds with two or more announcers."""
     by_round: dict[int, dict[str, list[str]]] = {}
     for a in announcements:
-        peers = by_round.setdefault(a.round, {}).setdefault(a.digest, [])
-        if a.peer_id not in peers:
-            peers.append(a.peer_id)
+        # the announced state and the ones its holder held just before it: holders a round or two apart are
+        # compared too (a holder that went on alone after a split announced no round the others did)
+        for round_, digest in [*((r, d) for r, d, _ in a.chain), (a.round, a.digest)]:
+            peers = by_round.setdefault(round_, {}).setdefault(digest, [])
+            if a.peer_id not in peers:
+                peers.append(a.peer_id)
     compared = [r for r, digests in by_round.items() if sum(len(p) for p in digests.values()) >= 2]
     split = sorted(r for r, digests in by_round.items() if len(digests) >= 2)
     return {
@@ -87,6 +91,43 @@ def _group_sizes(mid: str, metrics: list[NodeMetrics]) -> list[list[int]]:
     return [[r, n] for r, n in sorted(by_round.items())]
 
 
+def counted_once(metrics: list[NodeMetrics]) -> list[NodeMetrics]:
+    """One record per node: a node restarted under a new peer id continues its counts (the same counters_id) while
+    its old record lives out its TTL; the record with the most tokens trained is its latest. A peer that names
+    another's id can only put its own, larger, count in place of that node's: a total never drops by it."""
+    latest: dict[str, NodeMetrics] = {}
+    for m in metrics:
+        key = m.counters_id or m.peer_id
+        if key not in latest or m.tokens_trained > latest[key].tokens_trained:
+            latest[key] = m
+    return list(latest.values())
+
+
+BEHIND_ROUNDS = 3
+"""A holder whose announced round is this many rounds or more behind the module's newest is reported behind."""
+
+
+def holders_left_behind(mid: str, announcements: list[ModuleAnnouncement], metrics: list[NodeMetrics]) -> dict:
+    """Who of a module's holders does not keep up: `behind` (peer → rounds behind the newest announced round, for
+    BEHIND_ROUNDS or more), `stalled` (peer → its rounds since one of the module's rounds last merged its outer
+    gradient, as its metrics report: a holder refused by its group, told "behind" / "out of sync", or late round
+    after round), and the module's
+    healed splits from the metrics: `splits_healed` (how many the metrics name) and `settle_rounds_max` (the most
+    rounds one of them took)."""
+    newest = max((a.round for a in announcements), default=0)
+    latest: dict[str, int] = {}
+    for a in announcements:
+        latest[a.peer_id] = max(latest.get(a.peer_id, 0), a.round)
+    heals = [n for m in metrics for module, _, n in m.splits if module == mid]
+    return {
+        "behind": {p: newest - r for p, r in sorted(latest.items()) if newest - r >= BEHIND_ROUNDS},
+        "stalled": {m.peer_id: n for m in sorted(metrics, key=lambda m: m.peer_id) for module, n in m.stalled
+                    if module == mid},
+        "splits_healed": len(heals),
+        "settle_rounds_max": max(heals, default=0),
+    }
+
+
 def summarize(spec: SwarmSpec, view: SwarmView) -> dict:
     metrics = {m.peer_id: m for m in view.metrics}
     numel = {mid: _module_numel(view.modules.get(mid, [])) for mid in spec.all_module_ids()}
@@ -119,6 +160,7 @@ def summarize(spec: SwarmSpec, view: SwarmView) -> dict:
             "rounds_late": sum(e[1] for e in missed),
             "rounds_failed": sum(e[2] for e in missed),
             **agreement,
+            **holders_left_behind(mid, anns, view.metrics),
         })
     nodes = len({c.peer_id for c in view.claims})
     ddp = sum(ddp_fp32_bytes(sum(numel[mid] for mid in spec.module_ids(m.path)), m.inner_steps, len(view.metrics))
@@ -133,7 +175,7 @@ def summarize(spec: SwarmSpec, view: SwarmView) -> dict:
             "nodes": nodes,
             "paths_served": sum(1 for p in paths if p["nodes"]),
             "tokens_per_s": sum(m.tokens_per_s for m in view.metrics),
-            "tokens_trained": sum(m.tokens_trained for m in view.metrics),
+            "tokens_trained": sum(m.tokens_trained for m in counted_once(view.metrics)),
             "bytes_sent": sent,
             "bytes_received": sum(m.bytes_received for m in view.metrics),
             "ddp_fp32_bytes": ddp,
@@ -141,5 +183,7 @@ def summarize(spec: SwarmSpec, view: SwarmView) -> dict:
             "nodes_reporting": len(view.metrics),
             "nodes_reachable": sum(1 for m in view.metrics if m.reachable is True),
             "nodes_behind_nat": sum(1 for m in view.metrics if m.reachable is False),
+            "splits_healed": sum(m.splits_healed for m in view.metrics),
+            "holders_left_behind": sum(len(m["behind"]) + len(set(m["stalled"]) - set(m["behind"])) for m in modules),
         },
     }

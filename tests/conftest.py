@@ -51,6 +51,16 @@ def wait_until(predicate, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+def tokens_add_up(st: dict | None) -> dict | None:
+    """`st` (a node's status file, None: not written yet), once checked: every status file, mid-chunk, just before a
+    kill or after a restart, holds trained = merged + unmerged + discarded + lost (node/peer/counters.py)."""
+    if st:
+        parts = [st[k] for k in ("tokens_merged", "tokens_unmerged", "tokens_discarded", "tokens_lost")]
+        assert st["tokens_trained"] == sum(parts), {k: v for k, v in st.items() if k.startswith("tokens_")}
+        assert min(parts) >= 0, {k: v for k, v in st.items() if k.startswith("tokens_")}
+    return st
+
+
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run `pathswarm ARGS…` to completion."""
     return subprocess.run([sys.executable, "-m", "pathswarm", *args], capture_output=True, text=True, timeout=timeout)

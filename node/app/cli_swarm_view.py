@@ -31,7 +31,8 @@ from pathswarm.protocol.spec import SwarmSpec
 @friendly
 def swarm_status(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], json_path: str | None,
                  plot_path: str | None) -> None:
-    """Paths (who serves each, tokens/s, round, loss), modules (round, holders, replica agreement), totals.
+    """Paths (who serves each, tokens/s, round, loss), modules (round, holders, replica agreement, holders left
+    behind or stalled, healed splits), totals.
 
     Read from the records the swarm's nodes publish in the DHT (also in a private swarm: records are
     signed and validated, not secret; module weights are served only to members)."""
@@ -54,18 +55,21 @@ def swarm_status(spec_path: str | None, join_id: str | None, initial_peers: tupl
                   f"{p['loss']:.4f}" if p["loss"] is not None else "-")
     console.print(t)
     t = Table(title="modules")
-    for col in ("module", "round", "holders", "at that round", "replicas agree"):
+    for col in ("module", "round", "holders", "at that round", "replicas agree", "left behind", "splits healed"):
         t.add_column(col, justify="right")
     for m in summary["modules"]:
-        agree = {True: "yes", False: "NO", None: "-"}[m["replicas_agree"]]
+        agree = {True: "yes", False: f"NO (round {', '.join(map(str, m['split_rounds'][:4]))})", None: "-"}[
+            m["replicas_agree"]]
         t.add_row(m["module"], str(m["round"] if m["round"] is not None else "-"), str(m["holders"]),
-                  str(m["holders_at_round"]), agree)
+                  str(m["holders_at_round"]), agree, left_behind(m),
+                  f"{m['splits_healed']} (≤ {m['settle_rounds_max']} rounds)" if m["splits_healed"] else "-")
     console.print(t)
     tot = summary["totals"]
     unknown = tot["nodes_reporting"] - tot["nodes_reachable"] - tot["nodes_behind_nat"]
     console.print(f"{tot['nodes']} nodes · {tot['paths_served']}/{spec.n_paths} paths served · "
                   f"{tot['tokens_per_s']:,.0f} tokens/s · sent {tot['bytes_sent']:,} B · reachable "
-                  f"{tot['nodes_reachable']}, behind NAT (client) {tot['nodes_behind_nat']}, not measured {unknown}")
+                  f"{tot['nodes_reachable']}, behind NAT (client) {tot['nodes_behind_nat']}, not measured {unknown} · "
+                  f"splits healed {tot['splits_healed']}, holders left behind {tot['holders_left_behind']}")
     write_json(json_path, summary)
     if plot_path:
         plot_path_history(summary, plot_path)
@@ -106,6 +110,14 @@ def swarm_dashboard(spec_path: str | None, join_id: str | None, initial_peers: t
             serve_until_stopped()
     finally:
         sdht.shutdown()
+
+
+def left_behind(module: dict) -> str:
+    """A module's holders that do not keep up, for the table: rounds behind the newest, or stalled (their own report:
+    refused, or told "behind" / "out of sync" round after round), by the end of their peer id."""
+    parts = [f"{p[-8:]} {n} behind" for p, n in module["behind"].items()]
+    parts += [f"{p[-8:]} stalled {n}" for p, n in module["stalled"].items()]
+    return ", ".join(parts[:4]) + (f" (+{len(parts) - 4})" if len(parts) > 4 else "") if parts else "-"
 
 
 def _start_client_or_explain(spec: SwarmSpec, initial_peers: tuple[str, ...]):

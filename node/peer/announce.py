@@ -1,5 +1,6 @@
-"""What a node tells the swarm about itself besides its claim: module announcements (round and digest, for
-joiners and `swarm status`), its metrics (loss history, throughput, bytes), and that it serves the spec.
+"""What a node tells the swarm about itself besides its claim: module announcements (round and digest, and the last
+few states before them, for joiners, the split watch and `swarm status`), its metrics (loss history, throughput,
+bytes, healed splits, stalled modules), and that it serves the spec.
 
 Records are built on the training thread from a consistent state and stored on the chores thread: a store
 that meets a dead peer waits seconds for it, and these records are advisory.
@@ -15,9 +16,12 @@ from pathswarm.node.peer.config import NodeStatus
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import announce_module, publish_metrics, publish_revocations, read_revocations
 from pathswarm.protocol.records import (
+    MAX_CHAIN,
     MAX_DISTRUSTS,
     MAX_GROUPS,
     MAX_HISTORY,
+    MAX_SPLITS,
+    STALLED_ROUNDS,
     ModuleAnnouncement,
     NodeMetrics,
     announce_ttl_s,
@@ -27,6 +31,31 @@ from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.spec_share import announce_spec_server
 
 logger = logging.getLogger(__name__)
+
+
+def announced_chain(chain: list[list], round_: int, digest: str) -> tuple[tuple[int, str, str], ...]:
+    """The states named before the announced one (`ModuleAnnouncement.chain`): the status's chain of the module
+    (node/peer/config.py `chains`) when it ends at the announced state, else none."""
+    if not chain or (chain[-1][0], chain[-1][1]) != (round_, digest):
+        return ()
+    return tuple((int(r), str(d), str(lst)) for r, d, lst in chain[:-1][-MAX_CHAIN:])
+
+
+class StallWatch:
+    """How many of the node's rounds have passed since a round with its outer gradient in it made each module's state:
+    a holder left behind, refused by its group, told "behind" or "out of sync", or late round after round shows in
+    the metrics (`NodeMetrics.stalled`)."""
+
+    def __init__(self):
+        self._last: dict[str, tuple[int, str, int]] = {}  # module → (round, digest, node rounds since)
+
+    def note(self, mid: str, round_: int, digest: str, ours: bool) -> int:
+        """One round of the node completed with `mid` at (round_, digest), made by a round with our frame in it or
+        not (`ours`): the node's rounds since the last one that was."""
+        last = self._last.get(mid)
+        since = 0 if ours and (last is None or last[:2] != (round_, digest)) else (last[2] + 1 if last else 1)
+        self._last[mid] = (round_, digest, since)
+        return since
 
 
 def recent_groups(groups: dict[str, dict[str, list[str]]]) -> tuple[tuple[str, int, int], ...]:
@@ -45,6 +74,7 @@ class Announcer:
         self.on_revoked = on_revoked
         self.revoked = False  # the owner revoked this node: it stops (its peers refuse it anyway)
         self._revocations_seen = 0.0  # issue time of the newest revocation list logged
+        self.stalls = StallWatch()
 
     def announce(self) -> None:
         """Module announcements and metrics as of now; the DHT stores run on the chores thread."""
@@ -52,15 +82,21 @@ class Announcer:
         distrusts = tuple(list(st.distrusted)[-MAX_DISTRUSTS:])  # the latest caught (dicts keep insertion order)
         announcements = [ModuleAnnouncement(module_id=mid, round=o.round, digest=o.digest(), peer_id=self.sdht.peer_id,
                                             numel=o.anchor.numel(), client=self.sdht.client_mode, distrusts=distrusts,
-                                            reducers_digest=list_digest(o.reducers))
+                                            reducers_digest=list_digest(o.reducers),
+                                            chain=announced_chain(st.chains.get(mid, []), o.round, o.digest()))
                          for mid, o in ((mid, self.worker.outer[mid]) for mid in self.worker.module_ids)]
+        stalled = tuple((a.module_id, n) for a in announcements
+                        if (n := self.stalls.note(a.module_id, a.round, a.digest, st.peer_id in st.groups.get(
+                            a.module_id, {}).get(str(a.round), ()))) >= STALLED_ROUNDS)
         metrics = NodeMetrics(
             path=self.worker.path, peer_id=self.sdht.peer_id, round=st.round, loss=max(0.0, st.loss),
             tokens_per_s=st.tokens_per_s, bytes_sent=st.bytes_sent, bytes_received=st.bytes_received,
             history=tuple((r, max(0.0, min(loss, 1e6))) for r, loss in st.loss_history[-MAX_HISTORY:] if loss == loss),
-            inner_steps=st.inner_step, tokens_trained=st.tokens_trained, groups=recent_groups(st.groups),
+            inner_steps=st.inner_step, tokens_trained=st.tokens_trained, counters_id=st.counters_id,
+            groups=recent_groups(st.groups),
             rounds_missed=tuple((mid, late, failed) for mid, (late, failed) in sorted(st.rounds_missed.items())),
-            reachable=st.reachable)
+            reachable=st.reachable, splits_healed=st.splits_healed,
+            splits=tuple((mid, r, n) for mid, r, n in st.heals[-MAX_SPLITS:]), stalled=stalled)
         job = lambda: self._publish(announcements, metrics)  # noqa: E731
         if self.chores is None:
             job()

@@ -1,12 +1,14 @@
 """The node's round checkpoints (the file format: node/train/checkpoint.py): read once at start (the path a restarted
-node takes back, the module states it resumes from), written after every round, and which round of each module is
-on disk (the status file records no later one: node/peer/status.py `write_status`)."""
+node takes back, the module states it resumes from, the counters it continues: node/peer/counters.py), written after
+every round with the counters as of then, and which round of each module is on disk (the status file records no
+later one: node/peer/status.py `write_status`)."""
 
 from __future__ import annotations
 
 import logging
 
 from pathswarm.node.peer.config import NodeConfig, NodeStatus
+from pathswarm.node.peer.counters import Counts
 from pathswarm.node.train.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from pathswarm.node.train.worker import PathWorker
 
@@ -57,13 +59,20 @@ class Checkpoints:
                 worker.restore(mid, ckpt.modules[mid])
         return ckpt
 
-    def save(self, worker: PathWorker | None) -> None:
-        """Checkpoint every module's state as of its last round (atomically: node/train/checkpoint.py)."""
+    def saved_counters(self) -> dict | None:
+        """The counters our checkpoint holds, as written (None: no checkpoint, or one without them), whichever path
+        its modules are: a node that takes another path is still the same node."""
+        ckpt = self.load()
+        return None if ckpt is None else ckpt.counters
+
+    def save(self, worker: PathWorker | None, counts: Counts) -> None:
+        """Checkpoint every module's state as of its last round (atomically: node/train/checkpoint.py), and the
+        counters as of now."""
         if self.cfg.checkpoint_dir and worker is not None:
             round_ = max(st.round for st in worker.outer.values())
             states = {mid: worker.module_state(mid) for mid in worker.module_ids}
             try:
-                save_checkpoint(self.cfg.checkpoint_dir, self.spec, round_, states)
+                save_checkpoint(self.cfg.checkpoint_dir, self.spec, round_, states, counts.to_json())
             except OSError as e:  # a full disk must not end the node: the last complete round stays on disk
                 logger.error("checkpoint of round %d not written (%s); keeping the last one, training on", round_, e)
                 return

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from pathswarm.node.peer.counters import Counts
 from pathswarm.protocol.spec import SwarmSpec
 
 
@@ -105,14 +106,18 @@ class NodeStatus:
     loss: float = float("nan")
     tokens_per_s: float = 0.0
     tokens_trained: int = 0
+    """Tokens of the inner steps this node trained, counted as each step ends, over all its runs: a restart from
+    its checkpoint directory (same peer id or a new one) continues the count (node/peer/counters.py)."""
     tokens_merged: int = 0
+    """Tokens of ours in the shared module's merged rounds (a healed split moves its rounds' to tokens_discarded)."""
     tokens_unmerged: int = 0
     """Tokens trained whose steps are not in a merged round yet (being trained, in flight, or carried over
-    from a late or failed round): tokens_trained = tokens_merged + tokens_unmerged + tokens_discarded, unless
-    the node restarted."""
+    from a late or failed round). Every status file holds tokens_trained = tokens_merged + tokens_unmerged +
+    tokens_discarded + tokens_lost, restarts included (node/peer/counters.py)."""
     tokens_reduced: int = 0
-    """Tokens of the shared module's rounds this node closed as their reducer (summed over the swarm: the tokens
-    that entered the model, counted once, including those of members that died before hearing the result)."""
+    """Tokens of the shared module's rounds this node closed as their reducer, over all its runs (summed over the
+    swarm: the tokens that entered the model, counted once, including those of members that died before hearing the
+    result)."""
     digest_mismatches: int = 0
     """Rounds after which our replica of a module differed from the group's (then re-synced from the reducer)."""
     splits_healed: int = 0
@@ -120,11 +125,19 @@ class NodeStatus:
     tokens_reduced_discarded: int = 0
     """Tokens of rounds we reduced that a healed split threw away (no longer in tokens_reduced)."""
     tokens_resumed: int = 0
-    """Tokens of a round in progress that a previous run of this node saved and this one took over (their steps
-    were trained before the restart: tokens_trained counts this round's share of them)."""
+    """Tokens of a round in progress that a previous run of this node saved and this one took over (its steps and
+    the steps it carried): trained by the previous run, which counted them; unmerged until their round merges."""
     tokens_discarded: int = 0
-    """Tokens whose steps were thrown away: only in the sync baseline, when a round failed because a member died
-    (a data-parallel job redoes the step from the last good state)."""
+    """Tokens whose steps were thrown away: in the sync baseline, when a round failed because a member died
+    (a data-parallel job redoes the step from the last good state), and those of our rounds a healed split lost."""
+    tokens_lost: int = 0
+    """Tokens an earlier run of this node trained that a restart could not take back (node/peer/counters.py): the
+    steps trained after its last save (seen in its last status file; without one they are counted nowhere), the
+    outer gradients it had in flight (whether their round merged, the restarted node cannot know: the reducer's
+    tokens_reduced counts them if it did), and the unmerged steps of a saved round in progress it could not resume."""
+    counters_id: str = ""
+    """Names this node's counters across its runs (kept in its checkpoints and saved rounds in progress): a
+    restarted node continues the counts of a status file only if it names the same id."""
     last_group: int = 0
     reachable: bool | None = None
     """Whether a peer could dial this node back at start (None: not measured)."""
@@ -194,11 +207,24 @@ class NodeStatus:
     def resumed_checkpoint(self, round_: int) -> None:
         self.checkpoint_round = round_
 
-    def resumed_round(self, uncounted_tokens: int, resumed_tokens: int, inner_step: int) -> None:
+    def resumed_round(self, resumed_tokens: int, inner_step: int) -> None:
         """A round in progress that our previous run saved was taken over (node/peer/resume.py)."""
-        self.tokens_trained += uncounted_tokens  # trained before the restart, counted by no earlier run
         self.tokens_resumed = resumed_tokens
         self.inner_step = inner_step
+
+    def counts_continued(self, counts: Counts) -> None:
+        """The counts earlier runs of this node left, its lost tokens counted (node/peer/counters.py `continued`);
+        a fresh node's are zero under a new id. tokens_reduced: this run's reductions come on top (`took_stock`)."""
+        self.counters_id = counts.counters_id
+        self.tokens_trained, self.tokens_merged, self.tokens_discarded = counts.trained, counts.merged, counts.discarded
+        self.tokens_lost, self.tokens_reduced = counts.lost, counts.reduced
+        self.tokens_reduced_discarded = counts.reduced_discarded
+
+    def counts(self) -> Counts:
+        """The counters a checkpoint or a saved round in progress keeps (tokens_reduced as of the last `took_stock`)."""
+        return Counts(self.counters_id, trained=self.tokens_trained, merged=self.tokens_merged,
+                      discarded=self.tokens_discarded, lost=self.tokens_lost, reduced=self.tokens_reduced,
+                      reduced_discarded=self.tokens_reduced_discarded)
 
     def training_started(self, val_loss_before: float) -> None:
         self.val_loss_before = val_loss_before
@@ -209,16 +235,18 @@ class NodeStatus:
         self.state = "stopped"
 
     # ---- the training loop ------------------------------------------------------------------------------------
-    def stepped(self, inner_step: int, loss: float) -> None:
+    def stepped(self, inner_step: int, loss: float, tokens: int) -> None:
+        """An inner step of `tokens` tokens ended. They count as trained now, as the worker's round count (hence
+        tokens_unmerged) counts them: a status written mid-chunk or just before a kill adds up."""
         self.inner_step, self.loss = inner_step, loss
+        self.tokens_trained += tokens
 
     def chunk_trained(self, losses: list[float], tokens: int, elapsed_s: float, first_round: int) -> None:
-        """A chunk of inner steps ended (the round's outer gradient is sent next)."""
+        """A chunk of inner steps of `tokens` tokens in all ended (the round's outer gradient is sent next)."""
         self.loss = sum(losses[-10:]) / max(1, len(losses[-10:]))
         self.loss_curve.append(self.loss)
         # numbered by rounds trained, counted from the round the node started (or resumed) at
         self.loss_history.append((first_round + len(self.loss_curve), self.loss))
-        self.tokens_trained += tokens
         self.tokens_per_s = tokens / max(elapsed_s, 1e-9)
 
     def spent_on(self, kind: str, seconds: float) -> None:
@@ -238,7 +266,8 @@ class NodeStatus:
 
     def took_stock(self, tokens_unmerged: int | None, tokens_reduced: int | None,
                    settings: tuple[str, int, bool] | None) -> None:
-        """The counts kept elsewhere, as of now (before the status file is written); None: not known yet.
+        """The counts kept elsewhere, as of now (before the status file is written or the counters saved); None: not
+        known yet. tokens_reduced: over all runs (earlier runs' count plus this run's exchange's).
         settings: how the node trains (optimizer, micro-batch, checkpointing): a memory plan may have changed it."""
         if tokens_unmerged is not None:
             self.tokens_unmerged = tokens_unmerged
@@ -309,6 +338,45 @@ class NodeStatus:
         """Whom we stopped trusting, and why (a copy of the exchange's list, newest last)."""
         self.distrusted = dict(peers)
 
+    # ---- splits (node/peer/splits.py, state_sync.py, announce.py) ---------------------------------------------
+    chains: dict[str, list[list]] = field(default_factory=dict)
+    """module → [round, digest, reducer-list digest] of its latest states, each reached from the one before by
+    applying a round, oldest first, the current one last (a re-sync starts it afresh): announced with the module
+    (`ModuleAnnouncement.chain`), so holders at different rounds can be compared."""
+    split_discarded: dict[str, list[int]] = field(default_factory=dict)
+    """module → [our tokens merged, tokens we reduced, rounds of ours] a healed split threw away: every module's
+    (tokens_discarded and tokens_reduced_discarded count the shared module's only, as the token totals do)."""
+    heals: list[list] = field(default_factory=list)
+    """[module, the first state round of ours that lost, rounds of the module ours had held it until the heal] of
+    the latest healed splits (at most SPLITS_KEPT), oldest first: published with the node's metrics."""
+
+    def chain_moved(self, mid: str, round_: int, digest: str, reducers_digest: str) -> None:
+        """`mid` holds a new state: it extends the chain when it is the next round after the current one (a round
+        applied), else starts it afresh (a re-sync, a heal: we know no predecessor of the state)."""
+        chain = self.chains.get(mid, [])
+        if not chain or chain[-1][0] + 1 != round_:
+            chain = []
+        self.chains[mid] = [*chain, [round_, digest, reducers_digest]][-CHAIN_KEPT:]
+
+    def chain_restarted(self, mid: str) -> None:
+        """`mid`'s next state is not reached from the current one by a round (a download replaces it)."""
+        self.chains.pop(mid, None)
+
+    def split_settled(self, mid: str, first_round: int, rounds: int, lost_tokens: int, reduced_tokens: int) -> None:
+        """Our version of `mid` from state round `first_round` on lost a split (`rounds` of our states): its work is
+        discarded, for every module. (`split_healed` keeps the shared module's token totals.)"""
+        lost = self.split_discarded.setdefault(mid, [0, 0, 0])
+        lost[0] += lost_tokens
+        lost[1] += reduced_tokens
+        lost[2] += rounds
+        self.heals = [*self.heals, [mid, first_round, rounds]][-SPLITS_KEPT:]
+
+
+CHAIN_KEPT = 5
+"""States of a module kept in `NodeStatus.chains`: the current one and the ones an announcement names before it
+(protocol/records.py MAX_CHAIN)."""
+SPLITS_KEPT = 8
+"""Healed splits kept in `NodeStatus.heals` (the metrics publish them: protocol/records.py MAX_SPLITS)."""
 
 ROUND1_SETTLE_S = 1.0
 """After its first round a node reads the claims for a send no sooner than this: see Seat.trained_first_round."""

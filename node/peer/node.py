@@ -36,6 +36,7 @@ from pathswarm.node.peer.announce import Announcer
 from pathswarm.node.peer.background import Chores
 from pathswarm.node.peer.checkpoints import Checkpoints
 from pathswarm.node.peer.config import CLAIMS_READ_S, NodeConfig, NodeStatus
+from pathswarm.node.peer.counters import Counts, restart_counts
 from pathswarm.node.peer.reachable import start_node_dht
 from pathswarm.node.peer.resume import PartialRounds
 from pathswarm.node.peer.rounds import Rounds, faults_from_env
@@ -71,7 +72,7 @@ class Node:
         self.sdht = self.chores = self.announcer = None
         self.worker = self.exchange = self.rounds = self.sync = self.net = None
         self.splits: Splits | None = None
-        self._chunk_tokens = 0  # tokens of the chunk being trained, not yet added to status.tokens_trained
+        self._reduced_before = 0  # tokens_reduced of our earlier runs (this run's exchange counts its own)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -99,8 +100,8 @@ class Node:
             self.train_loop()
             train_wall_s = time.perf_counter() - t0
             self.status.training_stopped(train_wall_s, evaluate_loss(self.worker.model, self.val_batches)[0])
-            self.checkpoints.save(self.worker)
-            self._save_partial()  # after the round checkpoint it builds on: a restart resumes this very round
+            self.checkpoints.save(self.worker, self._counts())
+            self._save_partial(final=True)  # after the round checkpoint it builds on: a restart resumes this very round
             self._write_status()
             return 2 if self.announcer is not None and self.announcer.revoked else 0  # restarting would not help
         finally:
@@ -152,7 +153,7 @@ class Node:
         self.net.run(self.exchange.start(), 30)
         self.sync = StateSync(spec, self.worker, self.status, self.exchange, self.net, self.sdht)
         self.rounds = Rounds(self.cfg, self.status, self.worker, self.exchange, self.net, self.sync.publish_local)
-        self.exchange.drop_replies(faults_from_env())
+        self.exchange.drop_replies(*faults_from_env())
         if not offline:  # any member can hand the spec to a machine joining with --join
             self.net.run(SpecServer([spec]).start(streams), 30)
             if not self.sdht.client_mode:  # tell joiners whether they can be dialed (protocol/reachability.py)
@@ -168,6 +169,12 @@ class Node:
         carry = None if ckpt is None else self.partial.resume(self.worker)
         if carry is not None:
             self.rounds.carry = carry
+        # The counters go on from where our previous run left them (same peer id or not): what it trained and we
+        # did not resume is lost (node/peer/counters.py).
+        counts = restart_counts([self.checkpoints.saved_counters(), self.partial.saved_counters()],
+                                self.cfg.status_file, self.status.tokens_resumed)
+        self.status.counts_continued(counts)
+        self._reduced_before = counts.reduced
         warm = ckpt is None and bool(self.spec.init.digests)
         if warm and self.cfg.init_dir:
             self.sync.load_init(self.cfg.init_dir)
@@ -175,10 +182,11 @@ class Node:
                           source=f"warm start {self.cfg.init_dir}" if warm and self.cfg.init_dir else "seed",
                           holders=self.seat.live)
 
-    def _save_partial(self) -> None:
-        # Steps already sent are not saved: if their round merged, the swarm's anchor holds them already.
-        if self.worker is not None and not self.rounds.abandoned:
-            self.partial.save(self.worker, self.rounds.unsent_bases(), self.rounds.carry, self._chunk_tokens)
+    def _save_partial(self, final: bool = False) -> None:
+        # Steps already sent are not saved: if their round merged, the swarm's anchor holds them already. At the end
+        # of the run (final), a round still in flight was abandoned: its fate is unknown, nothing is saved.
+        if self.worker is not None and not self.rounds.abandoned and not (final and self.rounds.in_flight):
+            self.partial.save(self.worker, self.rounds.unsent_bases(), self.rounds.carry, self._counts())
 
     # ---- the round loop ----------------------------------------------------------------------
     def train_loop(self) -> None:
@@ -187,16 +195,15 @@ class Node:
         while not self.stop_event.is_set():
             t0 = time.perf_counter()
             losses: list[float] = []
-            chunk_tokens = self._chunk_tokens = 0
+            chunk_tokens = 0
             # A round resumed after a restart (node/peer/resume.py) already has some of its steps.
             for i in range(min(self.partial.take_resumed_steps(), H - 1), H):
                 t_step = time.perf_counter()
                 stats = self.worker.train_inner(1)
                 losses.extend(stats.losses)
                 chunk_tokens += stats.tokens
-                self._chunk_tokens = chunk_tokens  # not in tokens_trained yet: a saved round in progress says so
                 pace(t_step, stats.tokens, self.cfg.max_tokens_per_s, self.stop_event)
-                self.status.stepped(self.worker.inner_step, losses[-1])
+                self.status.stepped(self.worker.inner_step, losses[-1], stats.tokens)  # as round_tokens counts them
                 self.partial.maybe_save(self._save_partial, self.work)
                 if self.worker.inner_step % 10 == 0:
                     with self.work("status"):
@@ -210,7 +217,6 @@ class Node:
                     self.rounds.catch_up = False
                     break
             self.status.chunk_trained(losses, chunk_tokens, time.perf_counter() - t0, first_round)
-            self._chunk_tokens = 0
             # Round r-1 must settle before round r is sent. It normally settled while we trained; if its reducer
             # is frozen or slow, a decoupled node stands still for the grace window at most, then trains on: the
             # next outer gradient carries these steps too (sync mode waits, as data-parallel training does).
@@ -234,9 +240,13 @@ class Node:
                 with self.work("settle"):
                     self._poll_timed()  # data-parallel: nobody trains on until the round is done
             if self.cfg.max_rounds and rounds_sent >= self.cfg.max_rounds:
-                self._poll(block=True)
+                self._poll(block=True, abandon=False)
                 break
-        self._poll(block=True, timeout_s=spec.averaging.grace_s)
+        # Rounds still open after this are abandoned, but stay in flight: the last status file counts their tokens
+        # unmerged (not known merged), and the next run, which cannot resume them, counts them lost.
+        self._poll(block=True, timeout_s=spec.averaging.grace_s, abandon=False)
+        for mid in self.rounds.in_flight:
+            logger.warning("round of %s still open at shutdown; abandoned", mid)
 
     def _poll_timed(self, timeout_s: float | None = None) -> None:
         """Wait (at most timeout_s; None: the round's own timeout) for the rounds in flight to settle, keeping
@@ -268,7 +278,7 @@ class Node:
         for mid in self.exchange.take_behind():
             self.sync.behind(mid, self.seat.holders(mid), self.rounds.resyncs)
         with self.work("checkpoint"):
-            self.checkpoints.save(self.worker)
+            self.checkpoints.save(self.worker, self._counts())
         self.partial.renew_next_step()
         if self.announcer is not None:
             with self.work("announce"):
@@ -286,10 +296,18 @@ class Node:
             logger.info("serving the frames of the last round we reduced for %.1f s (its members check them)", wait)
             time.sleep(wait)
 
-    def _write_status(self) -> None:
-        self.status.took_stock(None if self.rounds is None else self.rounds.unmerged_tokens(),
-                               None if self.exchange is None else self.exchange.tokens_reduced("shared"),
+    def _take_stock(self) -> None:
+        reduced = None if self.exchange is None else self._reduced_before + self.exchange.tokens_reduced("shared")
+        self.status.took_stock(None if self.rounds is None else self.rounds.unmerged_tokens(), reduced,
                                None if self.worker is None else self.worker.settings())
+
+    def _counts(self) -> Counts:
+        """The counters as of now, for a checkpoint or a saved round in progress."""
+        self._take_stock()
+        return self.status.counts()
+
+    def _write_status(self) -> None:
+        self._take_stock()
         write_status(self.cfg.status_file, self.status, self.checkpoints.durable if self.cfg.checkpoint_dir else None)
 
     def _leave(self) -> None:

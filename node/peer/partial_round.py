@@ -9,7 +9,8 @@ holds what the round checkpoint does not:
     apply them twice. With nothing in flight the local weights come back exactly;
   - the inner optimizer's state (AdamW's moments, or AdamW8bit's 8-bit ones with their maps and scales) and step
     counts, and the node's inner step (its warm-up position);
-  - the tokens those steps stand for (this round's, and any carried over from a round that did not merge).
+  - the tokens those steps stand for (this round's, and any carried over from a round that did not merge), and the
+    node's counters as of the save (node/peer/counters.py), read by the next run whether it resumes the round or not.
 It names the anchors it was made against (round and digest per module) and is used only on top of those
 same anchors: after a checkpoint of a later round, it is stale and ignored. The node adopts newer state
 from peers afterwards the way a re-sync does, keeping this progress on top of the new anchor.
@@ -27,6 +28,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -36,20 +38,19 @@ from pathswarm.node.train.inner import optimizer_kind
 from pathswarm.protocol.spec import SwarmSpec, format_path
 
 FILE = "PARTIAL.safetensors"
-FORMAT = "1"
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own bound on a header
+FORMAT = "2"  # 2: the counters replace "uncounted_tokens" (a step is counted trained as it ends)
 
 
 @dataclass
 class Resumed:
-    """What `load_partial` put back into the worker; the node adds these tokens to its counts."""
+    """What `load_partial` put back into the worker: tokens the run that trained them counted as trained, unmerged
+    until their round merges (node/peer/counters.py)."""
 
     round_tokens: int
-    """Tokens of the inner steps trained since the last send (not yet counted as trained anywhere)."""
+    """Tokens of the inner steps trained since the last send."""
     round_steps: int
     """How many inner steps those are: the node's first round after the restart trains only the rest."""
-    uncounted_tokens: int
-    """Tokens of the chunk being trained when the file was saved: the run that trained them had not added them
-    to its tokens_trained yet, so the resuming run does."""
     carry: dict[str, int]
     """module → tokens carried over from rounds that did not merge (their steps are in the restored weights)."""
     inner_step: int
@@ -98,9 +99,10 @@ def _cpu_own(t: torch.Tensor) -> torch.Tensor:
 
 
 def save_partial(root: str | Path, spec: SwarmSpec, worker, bases: dict[str, torch.Tensor],
-                 carry: dict[str, int], uncounted_tokens: int = 0) -> Path:
+                 carry: dict[str, int], counters: dict[str, Any] | None = None) -> Path:
     """Write the round in progress: per module, the flat local weights, and bases[mid] where that is not the anchor
-    (the weights of the outer gradient in flight); `carry` is the tokens of unmerged steps still in the weights."""
+    (the weights of the outer gradient in flight); `carry` is the tokens of unmerged steps still in the weights;
+    `counters` the node's counters as of now (kept as given: `saved_counters` reads them back)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
@@ -123,7 +125,7 @@ def save_partial(root: str | Path, spec: SwarmSpec, worker, bases: dict[str, tor
             steps[str(i)] = int(st["step"])
     meta = {"format": FORMAT, "swarm_id": spec.swarm_id, "path": format_path(worker.path),
             "anchors": json.dumps(anchors), "round_tokens": str(int(worker.round_tokens)),
-            "round_steps": str(int(worker.round_steps)), "uncounted_tokens": str(int(uncounted_tokens)),
+            "round_steps": str(int(worker.round_steps)), "counters": json.dumps(counters),
             "sha256": _digest(tensors),
             "carry": json.dumps({m: int(n) for m, n in carry.items() if m in worker.module_ids}),
             "inner_step": str(int(worker.inner_step)), "opt_steps": json.dumps(steps),
@@ -137,6 +139,22 @@ def save_partial(root: str | Path, spec: SwarmSpec, worker, bases: dict[str, tor
 
 class PartialError(ValueError):
     """The saved round cannot be resumed on top of these anchors (the message says why)."""
+
+
+def saved_counters(root: str | Path, swarm_id: str) -> Any:
+    """The counters the saved round in progress of swarm `swarm_id` holds, as written (None: no file, no counters in
+    it, or another swarm's). Reads the header only, and whether the round itself can be resumed or not: a stale round
+    still tells how far the node had counted when it saved it."""
+    try:
+        with open(Path(root) / FILE, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n > MAX_HEADER_BYTES:
+                return None
+            meta = json.loads(f.read(n)).get("__metadata__", {})
+        return json.loads(meta["counters"]) if (meta.get("format"), meta.get("swarm_id")) == (FORMAT, swarm_id) \
+            else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -195,8 +213,8 @@ def load_partial(root: str | Path, spec: SwarmSpec, worker) -> Resumed:
             moments[i] = (s, state)
         carry = {m: int(n) for m, n in json.loads(meta["carry"]).items() if m in worker.module_ids}
         round_tokens, inner_step = int(meta["round_tokens"]), int(meta["inner_step"])
-        round_steps, uncounted = int(meta["round_steps"]), int(meta["uncounted_tokens"])
-        if min(round_tokens, round_steps, inner_step, uncounted) < 0 or any(n < 0 for n in carry.values()):
+        round_steps = int(meta["round_steps"])
+        if min(round_tokens, round_steps, inner_step) < 0 or any(n < 0 for n in carry.values()):
             raise PartialError("negative counts")
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         if isinstance(e, PartialError):
@@ -211,5 +229,4 @@ def load_partial(root: str | Path, spec: SwarmSpec, worker) -> Resumed:
         worker.opt.state[p] = {"step": s, **{k: t.to(p.device, p.dtype if k.startswith("exp_avg") else t.dtype)
                                              for k, t in state.items()}}
     worker.inner_step, worker.round_tokens, worker.round_steps = inner_step, round_tokens, round_steps
-    return Resumed(round_tokens=round_tokens, round_steps=round_steps, carry=carry, inner_step=inner_step,
-                   uncounted_tokens=uncounted)
+    return Resumed(round_tokens=round_tokens, round_steps=round_steps, carry=carry, inner_step=inner_step)

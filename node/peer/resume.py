@@ -2,7 +2,8 @@
 
 The round in progress is saved every `partial_every_s` at most, and never with more than 1/PARTIAL_COST_SHARE
 of training time, so a crash loses seconds of training, not the round. Steps already sent are not saved (if
-their round merged, the swarm's anchor holds them already), and sending a round deletes the saved one.
+their round merged, the swarm's anchor holds them already), and sending a round deletes the saved one. Each save
+holds the node's counters too (node/peer/counters.py).
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from pathswarm.node.peer.config import PARTIAL_COST_SHARE, NodeConfig, NodeStatus
-from pathswarm.node.peer.partial_round import PartialError, discard_partial, load_partial, save_partial
+from pathswarm.node.peer.counters import Counts
+from pathswarm.node.peer.partial_round import PartialError, discard_partial, load_partial, save_partial, saved_counters
 from pathswarm.node.train.worker import PathWorker
 
 logger = logging.getLogger(__name__)
@@ -39,7 +42,7 @@ class PartialRounds:
         except PartialError as e:
             logger.info("no round in progress to resume (%s)", e)
             return None
-        self.status.resumed_round(got.uncounted_tokens, got.round_tokens + got.carry.get("shared", 0), got.inner_step)
+        self.status.resumed_round(got.round_tokens + got.carry.get("shared", 0), got.inner_step)
         self.resumed_steps = got.round_steps
         logger.info("resumed the round in progress: %d tokens of inner steps, inner step %d",
                     self.status.tokens_resumed, got.inner_step)
@@ -60,13 +63,17 @@ class PartialRounds:
         self.earliest = t0 + PARTIAL_COST_SHARE * spent
         self.next_save = max(t0 + self.cfg.partial_every_s, self.earliest)
 
-    def save(self, worker: PathWorker, bases: dict[str, torch.Tensor], carry: dict[str, int],
-             chunk_tokens: int) -> None:
-        """bases: per module, what the saved steps are measured from (the anchor, or the weights at the send)."""
+    def saved_counters(self) -> Any:
+        """The counters the saved round in progress holds, as written (None: none), resumed or not."""
+        return saved_counters(self.cfg.checkpoint_dir, self.cfg.spec.swarm_id) if self.cfg.checkpoint_dir else None
+
+    def save(self, worker: PathWorker, bases: dict[str, torch.Tensor], carry: dict[str, int], counts: Counts) -> None:
+        """bases: per module, what the saved steps are measured from (the anchor, or the weights at the send);
+        counts: the node's counters as of now."""
         if not self.enabled:
             return
         try:
-            save_partial(self.cfg.checkpoint_dir, self.cfg.spec, worker, bases, carry, chunk_tokens)
+            save_partial(self.cfg.checkpoint_dir, self.cfg.spec, worker, bases, carry, counts.to_json())
         except Exception as e:  # a full disk must not stop training; the round checkpoint still stands
             logger.warning("could not save the round in progress: %s", e)
 

@@ -148,7 +148,8 @@ class Rounds:
         if result.applicable and result.reducer and result.reducer != self.status.peer_id:
             # Another's round is applied only within what an honest round sends (protocol/rounds/rule.py
             # `mean_bound`): our own outer gradient and the module's momentum, before this round moves it.
-            bound = mean_bound(item.sent.delta_norm, item.sent.tokens, reference_norm(st), self.spec)
+            bound = mean_bound(item.sent.delta_norm, item.sent.tokens, reference_norm(st), self.spec,
+                               len(result.contributors))
             # before settle: the round rule's history norm is the momentum's before this round's mean moves it
             refused = self.auditor.record(mid, result, reference_norm(st), (item.sent.tokens, item.sent.frame),
                                           self.holders.get(mid, ()), suspect=self._suspect(st, item, result))
@@ -267,11 +268,16 @@ class Rounds:
     def _resync_later(self, mid: str, peer: str) -> None:
         """Re-sync `mid` at the next polls if a majority of its holders vouch for a state other than ours; `peer`
         (the reducer that said the group is elsewhere) is where to download it first. Not the reducer of the next
-        round: views of who reduces may differ for a moment, and it may be ourselves."""
-        if peer != self.status.peer_id:
-            self.resyncs.request_check(mid, peer)
-        else:
-            logger.warning("module %s: our own reducer disagrees with our state; waiting for the next round", mid)
+        round: views of who reduces may differ for a moment, and it may be ourselves. When it is ourselves because a
+        later candidate answered our stance question that it is past the round (a restarted head of the list, named
+        in nobody else's list, gets no other hint: issue 27, stalled for a whole run), that candidate is checked;
+        otherwise (our state moved while our round was open: a re-sync, a heal) we wait for the next round."""
+        if peer == self.status.peer_id:
+            peer = self.exchange.take_ahead(mid) or ""
+            if not peer:
+                logger.warning("module %s: our own reducer disagrees with our state; waiting for the next round", mid)
+                return
+        self.resyncs.request_check(mid, peer)
 
     def unsent_bases(self) -> dict[str, torch.Tensor]:
         """Per module, what our steps not sent yet count from: the weights of the outer gradient in flight, else the
@@ -285,11 +291,20 @@ class Rounds:
         return self.carry.get("shared", 0) + self.worker.round_tokens + (flight.sent.tokens if flight else 0)
 
 
-def faults_from_env() -> set[tuple[str, int]]:
+def faults_from_env() -> tuple[set[tuple[str, int]], dict[tuple[str, int], str], str]:
     """Fault injection for tests: PATHSWARM_TEST_DROP_REPLY="MODULE:ROUND,…" makes this node, as the reducer of
-    those rounds, close its reply to their members unsent (as if the connection broke after the merge)."""
-    out = set()
+    those rounds, close its reply to their members unsent (as if the connection broke after the merge);
+    "MODULE:ROUND:exit" (or ":exit-last"; ROUND "*": any) instead replies to one member of the round, the one whose
+    peer id sorts first (last), and exits the process (os._exit) before the others' replies: a reducer killed while
+    replying (tests/swarm/test_split_heals.py, benchmarks/restarts.py). PATHSWARM_TEST_EXIT_ARM=FILE: a process dies
+    so only if it removes FILE first: one death per arming in the whole swarm. Returns (dropped, (module, round or
+    -1) → "first" | "last", FILE)."""
+    drop, die = set(), {}
     for item in filter(None, os.environ.get("PATHSWARM_TEST_DROP_REPLY", "").split(",")):
-        module, _, round_ = item.rpartition(":")
-        out.add((module, int(round_)))
-    return out
+        head, _, tail = item.rpartition(":")
+        if tail in ("exit", "exit-last"):
+            module, _, round_ = head.rpartition(":")
+            die[(module, -1 if round_ == "*" else int(round_))] = "last" if tail == "exit-last" else "first"
+        else:
+            drop.add((head, int(tail)))
+    return drop, die, os.environ.get("PATHSWARM_TEST_EXIT_ARM", "")

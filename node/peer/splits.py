@@ -1,27 +1,39 @@
-"""Detect and heal a round merged in two versions (a split), and count the work it throws away.
+"""Detect and heal a module merged in two versions (a split), and count the work it throws away.
 
-The reducer rule (protocol/rounds/reducers.py) leaves one way to split a round: a candidate that is alive but cannot be
-reached by the next one (a partition, a frozen process) closes the same round as its successor. Every node
-announces (module, round, digest) on the DHT after each round; reading them, a node that sees another holder
-at its own round with another digest has found a split. The version announced by more holders wins (ties: the
-smaller digest, so both sides agree on it); only the holders the node counts for vouching (node/peer/vouch.py: the
-peers it merged rounds with, else the claims' holders) are counted, so ids that announce a forged digest at our
-round, however many, decide nothing. The other side re-syncs from a winner, once per (module, round),
-keeping its local progress. Its own merged rounds from the split on are not in the state that survives:
-their tokens move from merged to discarded (and a reducer's from reduced to discarded).
+The reducer rule (protocol/rounds/reducers.py) leaves ways to split a round: a candidate that is alive but cannot be
+reached by the next one (a partition, a frozen process) closes the same round as its successor, and a reducer killed
+while it replies leaves one member with the round's result and another without, which then reduces the round alone.
+Every node announces (module, round, digest) on the DHT after each round, with the last few states it held before
+(`ModuleAnnouncement.chain`); reading them, a node finds two kinds of split with its counted holders
+(node/peer/vouch.py: the peers it merged rounds with that still claim the module, else the claims' holders; ids that
+announce a forged digest, however many, decide nothing):
 
-`split_verdict` and `SplitWatch` are the rule and the hand-over between threads; `Splits` is the node's side.
+- **two versions of a round** (`split_verdict`): at the earliest round both our chain and another holder's name, with
+  another digest. The version more holders vouch for wins (ties: the smaller digest, so both sides agree on it), and
+  the other side re-syncs from a winner. Compared over the chains, not only at the round each holder is at now: a
+  holder that got the result of a round its reducer died replying to goes on, and the others meet it at no round.
+- **a minority ahead** (`ahead_alone`): nobody counted vouches for our state, and two or more of them, a strict
+  majority, hold one older state for two grace windows. It happens when we alone got the result of a round (its
+  reducer died replying to the others and restarted from its checkpoint before that round): no majority vouches for
+  our state, so the others cannot adopt it, and we answer each of their sends "out of sync". We go back to theirs
+  (the majority's word, downloaded as announced); the group then reduces that round again, together.
+
+Our merged rounds that did not survive are discarded: their tokens move from merged to discarded (a reducer's from
+reduced to discarded), for every module, and the heal is recorded (round, rounds it took) for the status file and the
+node's metrics. `split_verdict`, `ahead_alone` and `SplitWatch` are the rules and the hand-over between threads;
+`Splits` is the node's side.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterable
+import time
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pathswarm.node.peer.vouch import Announced
+from pathswarm.node.peer.vouch import Announced, Vouched, majority_state
 
 if TYPE_CHECKING:
     from pathswarm.node.peer.config import NodeStatus
@@ -32,53 +44,104 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+AHEAD_PATIENCE_GRACES = 2
+"""Grace windows a node ahead alone waits, seeing the same older majority state, before it goes back to it: the
+others' announcements lag their rounds by a DHT store (seconds when a store meets a dead peer), and one grace window
+once took a group a moment behind for one that had stopped."""
+
 
 @dataclass(frozen=True)
 class Heal:
-    """A split our replica of `module` lost: re-sync from `peer`, whose version won at `round`."""
+    """Our version of `module` from state round `round` on lost: re-sync from `peer`."""
 
     module: str
     round: int
+    """The first state round of ours that is not the winning version's (our tokens merged from it on are lost)."""
     peer: str
     winner: str
-    """The digest that won."""
+    """The digest that won (at `round`; for a minority ahead, the older state's, at `back_to.round`)."""
     ours: str
+    """Our digest at `round` (for a minority ahead: our current one)."""
+    at: tuple[int, str] = (-1, "")
+    """Our state (round, digest) when the split was found: once it has moved, the heal is void (the next look
+    decides again)."""
+    back_to: Vouched | None = None
+    """A minority ahead: the older state a majority holds, which the download must be."""
 
 
-def split_verdict(module: str, my_round: int, my_digest: str, me: str,
-                  announced: Iterable[Announced], counted: Collection[str] | None = None) -> Heal | None:
-    """Announcements of a module → a Heal when our version of our round lost, else None. `counted`: the only
-    announcers that count (None: all of them)."""
-    versions: dict[str, set[str]] = {my_digest: {me}}
+def _latest(announced: Iterable[Announced], me: str, counted: Collection[str] | None) -> dict[str, Announced]:
+    out: dict[str, Announced] = {}
     for a in announced:
-        if a.round == my_round and a.peer != me and (counted is None or a.peer in counted):
-            versions.setdefault(a.digest, set()).add(a.peer)
-    if len(versions) < 2:
+        if a.peer != me and (counted is None or a.peer in counted) and (a.peer not in out
+                                                                           or a.round >= out[a.peer].round):
+            out[a.peer] = a
+    return out
+
+
+def split_verdict(module: str, my_round: int, my_digest: str, me: str, announced: Iterable[Announced],
+                  counted: Collection[str] | None = None,
+                  my_chain: Sequence[tuple[int, str]] = ()) -> Heal | None:
+    """Announcements of a module → a Heal when our version lost the earliest round at which we and another counted
+    holder (its state or its chain) hold different digests, else None. `counted`: the only announcers that count
+    (None: all of them); `my_chain`: (round, digest) of our states before the current one."""
+    mine = {r: d for r, d in my_chain} | {my_round: my_digest}
+    latest = _latest(announced, me, counted)
+    for round_ in sorted(mine):
+        versions: dict[str, set[str]] = {mine[round_]: {me}}
+        for peer, a in latest.items():
+            held = a.states().get(round_)
+            if held is not None:
+                versions.setdefault(held[0], set()).add(peer)
+        if len(versions) < 2:
+            continue
+        winner = min(versions, key=lambda d: (-len(versions[d]), d))
+        if winner == mine[round_]:
+            return None  # the others heal to us; our later rounds follow from this one
+        return Heal(module, round_, min(versions[winner]), winner, mine[round_], (my_round, my_digest))
+    return None
+
+
+def ahead_alone(my_round: int, my_digest: str, me: str, announced: Iterable[Announced],
+                counted: Collection[str]) -> Vouched | None:
+    """The older state to go back to when we are a minority ahead (see the module docstring), else None: nobody
+    counted vouches for our state, and a strict majority of the counted announcers, two or more (against us alone:
+    with one other holder it is a tie, and that one adopts ours instead, by node/peer/vouch.py), vouch for one state
+    of an earlier round that one of them still holds."""
+    latest = _latest(announced, me, counted)
+    if any(a.states().get(my_round, ("",))[0] == my_digest for a in latest.values()):
         return None
-    winner = min(versions, key=lambda d: (-len(versions[d]), d))
-    if winner == my_digest:
+    got = majority_state(announced, me, counted)
+    if got is None or got.round >= my_round or not got.peers or len(got.vouchers) < 2:
         return None
-    return Heal(module, my_round, min(versions[winner]), winner, my_digest)
+    return got
 
 
 class SplitWatch:
-    """Split verdicts found on the chores thread, handed to the training thread; each (module, round) once."""
+    """Split verdicts found on the chores thread, handed to the training thread; each (module, round, our state)
+    once."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._pending: list[Heal] = []
-        self._seen: set[tuple[str, int]] = set()
+        self._seen: set[tuple[str, int, tuple[int, str]]] = set()
 
     def observe(self, heal: Heal | None) -> None:
         if heal is None:
             return
         with self._lock:
-            if (heal.module, heal.round) in self._seen:
+            key = (heal.module, heal.round, heal.at)
+            if key in self._seen:
                 return
-            self._seen.add((heal.module, heal.round))
+            self._seen.add(key)
+            if len(self._seen) > 4096:  # bounded: keys of states long gone
+                self._seen = {key}
             self._pending.append(heal)
-        logger.error("module %s round %d was merged in two versions: ours %s lost to %s (held by %s); re-syncing",
-                     heal.module, heal.round, heal.ours, heal.winner, heal.peer[-8:])
+        if heal.back_to is None:
+            logger.error("module %s round %d was merged in two versions: ours %s lost to %s (held by %s); "
+                         "re-syncing", heal.module, heal.round, heal.ours, heal.winner, heal.peer[-8:])
+        else:
+            logger.error("module %s: our state at round %d is ours alone while most holders hold round %d (%s); going "
+                         "back to theirs", heal.module, heal.at[0], heal.back_to.round, heal.winner)
 
     def take(self) -> list[Heal]:
         with self._lock:
@@ -100,6 +163,10 @@ class Splits:
         self.worker, self.sync, self.rounds, self.exchange, self.status = worker, sync, rounds, exchange, status
         self.holders = holders
         self.watch = SplitWatch()
+        self._ahead: dict[str, tuple[tuple[int, str, int, str], float]] = {}
+        """Module → ((their round, digest, our round, digest), since when) while a majority held an older state and we
+        were ahead alone: gone back to once the same held for AHEAD_PATIENCE_GRACES grace windows (a group a moment
+        behind us announces it too; a state of ours reached since, a heal for one, starts the wait anew)."""
 
     def look(self) -> None:
         """Chores thread: compare our modules' digests with those their other holders announce."""
@@ -109,9 +176,27 @@ class Splits:
                 if mine is None or mine.round == 0:
                     continue
                 announced, me, counted = self.sync.announced(mid, self.holders(mid))
-                self.watch.observe(split_verdict(mid, mine.round, mine.digest(), me, announced, counted))
+                digest = mine.digest()
+                chain = [(r, d) for r, d, _ in list(self.status.chains.get(mid, ()))[:-1] if r < mine.round]
+                heal = split_verdict(mid, mine.round, digest, me, announced, counted, chain)
+                self.watch.observe(heal or self._ahead_for(mid, mine.round, digest, me, announced, counted))
         except Exception as e:  # advisory: the next round looks again
             logger.warning("could not compare digests with the module's holders: %s", e)
+
+    def _ahead_for(self, mid: str, my_round: int, digest: str, me: str, announced: list[Announced],
+                   counted: set[str]) -> Heal | None:
+        back = ahead_alone(my_round, digest, me, announced, counted)
+        if back is None:
+            self._ahead.pop(mid, None)
+            return None
+        now, key = time.monotonic(), (back.round, back.digest, my_round, digest)
+        seen = self._ahead.get(mid)
+        if seen is None or seen[0] != key:
+            self._ahead[mid] = (key, now)
+            return None
+        if now - seen[1] < AHEAD_PATIENCE_GRACES * self.sync.spec.averaging.grace_s:
+            return None
+        return Heal(mid, back.round + 1, back.peers[0], back.digest, digest, (my_round, digest), back)
 
     def heal_found(self) -> None:
         """Training thread: heal the splits `look` found since the last call."""
@@ -119,11 +204,22 @@ class Splits:
             self._heal(heal)
 
     def _heal(self, heal: Heal) -> None:
-        """Our version of a split round lost: count its work as discarded and re-sync from the winning side."""
+        """Our version lost: re-sync from the winning side; once the download is in, count its work as discarded."""
         mine = self.sync.local_states.get(heal.module)
-        if mine is None or mine.round != heal.round or mine.digest() != heal.ours:
-            return  # our state moved on (a re-sync already replaced it)
-        lost = lost_since(self.rounds.merged_log.get(heal.module, {}), heal.round)
+        if mine is None or (mine.round, mine.digest()) != heal.at:
+            return  # our state moved on (a round, a re-sync): the next look decides again
+        self.rounds.resyncs.request_from(heal.module, heal.peer, heal.back_to, then=lambda: self._discard(heal))
+
+    def _discard(self, heal: Heal) -> None:
+        """Training thread, after the winning version was downloaded: our merged (and reduced) tokens of the rounds
+        that lost are discarded, for every module, and the heal is recorded."""
+        log = self.rounds.merged_log.get(heal.module, {})
+        lost = lost_since(log, heal.round)
+        for r in [r for r in log if r >= heal.round]:
+            del log[r]  # counted now: a later heal over the same rounds must not count them again
         reduced = self.sync.net.run(self.exchange.take_back_reduced(heal.module, heal.round), 10)
+        rounds = max(1, heal.at[0] - heal.round + 1)
         self.status.split_healed(heal.module, lost, reduced)
-        self.rounds.resyncs.request_from(heal.module, heal.peer)
+        self.status.split_settled(heal.module, heal.round, rounds, lost, reduced)
+        logger.warning("module %s: healed; %d round(s) of ours from round %d discarded (%d tokens merged, %d reduced)",
+                       heal.module, rounds, heal.round, lost, reduced)

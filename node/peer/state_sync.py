@@ -46,6 +46,7 @@ class StateSync:
         digest = st.digest()
         self.local_states[mid] = st
         self.status.module_published(mid, st.round, digest, st.reducers)
+        self.status.chain_moved(mid, st.round, digest, list_digest(st.reducers))  # announced: node/peer/announce.py
 
     def initial(self, ckpt: Checkpoint | None, resumed: bool, need_init: bool = False,
                 source: str = "seed", holders: Callable[[str], dict[str, int]] = lambda mid: {}) -> None:
@@ -167,15 +168,19 @@ class StateSync:
                 continue
             got = majority_state(*self.announced(mid, holders(mid)))
             ours = got is not None and (got.round, got.digest) == (mine.round, mine.digest())
+            # A newer state its holders all moved past cannot be downloaded: look again, as when there is none.
+            unserved = got is not None and not got.peers
             # No majority yet, or announcements a round behind ours: look again. A majority that announces our own
-            # state may still be finishing the round we missed: one grace window, then we believe it.
-            patience = self.spec.averaging.grace_s if ours else self.spec.averaging.timeout_s
-            if (ours or got is None or got.round < mine.round) and now - since < patience:
+            # state may still be finishing the round we missed: one grace window, then we believe it. With none, two
+            # (the chains make holders a round apart agree: more waiting only stalled the module, issue 27).
+            patience = self.spec.averaging.grace_s if ours else min(self.spec.averaging.timeout_s,
+                                                                    2 * self.spec.averaging.grace_s)
+            if (ours or got is None or unserved or got.round < mine.round) and now - since < patience:
                 self._checks[mid] = (since, now + 1.0)
                 continue
             resyncs.close_check(mid)
             del self._checks[mid]
-            if ours or got is None or got.round < mine.round:
+            if ours or got is None or unserved or got.round < mine.round:
                 logger.warning("module %s: our reducer says our state is not the group's, but %s; keeping ours", mid,
                                "a majority of the module's holders announces ours" if ours else "no majority "
                                "of the module's holders announces another")
@@ -183,13 +188,27 @@ class StateSync:
             servers = [p for p in got.peers if p not in self.clients] or list(got.peers)
             resyncs.request_from(mid, hint if hint in servers else servers[0], got)
         for r in resyncs.take():
-            mid, peer, expect = r.module, r.peer, r.expect
-            # The first choice, then the state's other announcers (one may serve a list the others do not hold).
+            if self._download_any(r.module, r.peer, r.expect, holders):
+                for then in r.then:
+                    then()
+
+    def _download_any(self, mid: str, peer: str, expect: Vouched | None, holders: Callable[[str], list[str]]) -> bool:
+        """A re-sync's download: from `peer`, then the state's other announcers (one may serve a list the others do
+        not hold). When every holder of the vouched state has moved past it meanwhile, the announcements are read
+        again, once, and the state a majority vouches for now is downloaded instead."""
+        for attempt in range(2):
             for server in [peer] + [p for p in (expect.peers if expect else ()) if p != peer and p not in self.clients]:
                 if self.download(mid, server, keep_progress=True, expect=expect):
                     logger.info("re-synced %s from %s at round %d", mid, server[-8:], self.worker.outer[mid].round)
                     self.publish_local(mid)
-                    break
+                    return True
+            if expect is None or attempt or self.sdht is None:
+                return False
+            again = majority_state(*self.announced(mid, holders(mid)))
+            if again is None or again.round <= expect.round or not again.peers:
+                return False
+            expect, peer = again, next((p for p in again.peers if p not in self.clients), again.peers[0])
+        return False
 
     def note_announcements(self, anns) -> None:
         """Remember what announcements say beside the state: announcers that cannot be dialed
@@ -213,7 +232,8 @@ class StateSync:
             logger.debug("not downloading %s from %s: it cannot be dialed", mid, peer[-8:])
             return False
         timeout_s = self.spec.averaging.timeout_s
-        got = self.net.run(self.exchange.fetch_state(peer, mid, timeout_s), timeout_s + 5)
+        got = self.net.run(self.exchange.fetch_state(peer, mid, timeout_s, expect.round if expect else -1),
+                           timeout_s + 5)
         if got is None:
             return False
         # fetch_state checked that the state hashes to the digest its server sent with it
@@ -238,7 +258,8 @@ class StateSync:
         state = ModuleState(weights=weights, momentum=got.momentum, round=got.round, reducers=got.reducers)
         self.worker.restore(mid, state)
         self.worker.feedback[mid].reset()
-        self.net.loop.call_soon_threadsafe(self.exchange.forget_pending, mid)
+        self.status.chain_restarted(mid)  # we know no state this one was reached from
+        self.net.loop.call_soon_threadsafe(self.exchange.forget_pending, mid, got.round)
         if progress is not None:
             self.worker.set_flat(mid, anchor + progress)
         return True

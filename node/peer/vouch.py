@@ -2,16 +2,18 @@
 
 A contribution that claims a later round than ours is only a hint that we may be behind; its sender could be
 anyone. Before re-syncing, the node reads the module's announcements (`Announced`) from the DHT and adopts
-a state only if a strict majority of the peers it counts announce that same (round, digest), newer than ours; the
+a state only if a strict majority of the peers it counts vouch for that same (round, digest), newer than ours: they
+hold it, or held it just before their current state (an announcement names its last few states, `chain`); the
 download must then hash to that digest. Counted: the module's seasoned holders as this node knows them, i.e. the
-peers whose outer gradients were merged in rounds of the module we applied; a node with no such history (just
-started) counts the holders in the claims instead, which is weaker (SECURITY.md says so). Pure: no network.
+peers whose outer gradients were merged in rounds of the module we applied and that still claim it; a node with no
+such history (just started) counts the holders in the claims instead, which is weaker (SECURITY.md says so). Pure:
+no network.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 
@@ -24,11 +26,19 @@ class Announced(NamedTuple):
     digest: str
     reducers: str = ""
     """The digest of the reducer list announced with the state ("" : none, an announcement from before the field)."""
+    chain: tuple[tuple[int, str, str], ...] = ()
+    """(round, digest, reducer-list digest) of the states the announcer held just before this one, oldest first: it
+    vouches for them too (a holder a round ahead of the others is not a vote against the state they hold)."""
 
     @classmethod
     def of(cls, record) -> Announced:
         """From a `ModuleAnnouncement` DHT record (protocol/records.py)."""
-        return cls(record.peer_id, record.round, record.digest, record.reducers_digest)
+        return cls(record.peer_id, record.round, record.digest, record.reducers_digest, tuple(record.chain))
+
+    def states(self) -> dict[int, tuple[str, str]]:
+        """Round → (digest, reducer-list digest) of every state this announcement vouches for: its own and its
+        chain's."""
+        return {r: (d, lst) for r, d, lst in self.chain} | {self.round: (self.digest, self.reducers)}
 
 
 @dataclass(frozen=True)
@@ -38,50 +48,64 @@ class Vouched:
     round: int
     digest: str
     peers: tuple[str, ...]
-    """Who announces it (sorted): where to download it from."""
+    """Who announces it as the state it holds now (sorted): where to download it from (empty when every voucher
+    has moved past it)."""
     reducers: str = ""
-    """The digest of the reducer list a strict majority of `peers` announce with it ("" when none has one): the list
-    a download brings must have it (the state digest does not cover the list)."""
+    """The digest of the reducer list a strict majority of its vouchers announce with it ("" when none has one): the
+    list a download brings must have it (the state digest does not cover the list)."""
+    vouchers: tuple[str, ...] = field(default=(), compare=False)
+    """Everyone who vouches for it (sorted): `peers`, and those whose chain names it (they moved past it)."""
 
 
 def majority_state(announced: Iterable[Announced], me: str, counted: Collection[str]) -> Vouched | None:
-    """Announcements of one module → the (round, digest) that more than half of the announcers in `counted` (never
-    ourselves) hold, each at its latest announcement; None if none has a strict majority. Its `reducers`: the list
-    digest a strict majority of those holders announce."""
-    latest: dict[str, tuple[int, str]] = {}
-    lists: dict[str, str] = {}
+    """Announcements of one module → the newest (round, digest) that more than half of the announcers in `counted`
+    (never ourselves) vouch for, each by its latest announcement: the state it holds, or one its chain names (a holder
+    that applied one more round still vouches for the state before it); None if none has a strict majority. Its
+    `reducers`: the list digest a strict majority of its vouchers announce with it.
+
+    Why the chain: holders of a live module announce at slightly different rounds, and a tally of the states they
+    hold only found no majority while one of them was a round ahead (a node re-syncing, or one just restarted, then
+    waited for the rounds to line up, seen for 20 s and more: issue 27)."""
+    latest: dict[str, Announced] = {}
     for a in announced:
-        if a.peer != me and a.peer in counted and a.round >= latest.get(a.peer, (-1, ""))[0]:
-            latest[a.peer] = (a.round, a.digest)
-            lists[a.peer] = a.reducers
-    if not latest:
+        if a.peer != me and a.peer in counted and (a.peer not in latest or a.round >= latest[a.peer].round):
+            latest[a.peer] = a
+    vouchers: dict[tuple[int, str], dict[str, str]] = {}  # state → voucher → the list digest it names with it
+    for peer, a in latest.items():
+        for round_, (digest, lst) in a.states().items():
+            vouchers.setdefault((round_, digest), {})[peer] = lst
+    held = [(state, by) for state, by in vouchers.items() if 2 * len(by) > len(latest)]
+    if not held:
         return None
-    tally: dict[tuple[int, str], list[str]] = {}
-    for peer, state in latest.items():
-        tally.setdefault(state, []).append(peer)
-    (round_, digest), peers = max(tally.items(), key=lambda kv: (len(kv[1]), kv[0][0], kv[0][1]))
-    if 2 * len(peers) <= len(latest):
-        return None
+    # One digest per round and voucher, so at most one state of a round has a strict majority: the newest wins.
+    (round_, digest), by = max(held, key=lambda kv: kv[0][0])
+    peers = tuple(sorted(p for p in by if (latest[p].round, latest[p].digest) == (round_, digest)))
     by_list: dict[str, int] = {}
-    for p in peers:
-        by_list[lists[p]] = by_list.get(lists[p], 0) + 1
+    for lst in by.values():
+        by_list[lst] = by_list.get(lst, 0) + 1
     top = max(by_list, key=lambda d: (by_list[d], d))
-    return Vouched(round_, digest, tuple(sorted(peers)), top if 2 * by_list[top] > len(peers) else "")
+    return Vouched(round_, digest, peers, top if 2 * by_list[top] > len(by) else "", tuple(sorted(by)))
 
 
 def vouched_state(announced: Iterable[Announced], me: str, my_round: int,
                   counted: Collection[str]) -> Vouched | None:
-    """The state to re-sync to, or None: the majority's (`majority_state`) if it is newer than `my_round`. (A group
-    that says our replica differs at our own round is checked against `majority_state` directly: StateSync.resync.)"""
+    """The state to re-sync to, or None: the majority's (`majority_state`) if it is newer than `my_round` and someone
+    still holds it (serves it). (A group that says our replica differs at our own round is checked against
+    `majority_state` directly: StateSync.resync.)"""
     got = majority_state(announced, me, counted)
-    return got if got is not None and got.round > my_round else None
+    return got if got is not None and got.round > my_round and got.peers else None
 
 
 def counted_peers(merged_with: Iterable[str], claim_holders: Iterable[str], me: str,
                   distrusted: Iterable[str] = ()) -> set[str]:
-    """The peers whose announcements count: those we merged rounds with, else (no history) the claims' holders;
-    never a peer we caught lying (node/peer/audit.py), whose own replicas it may have made agree with it."""
-    out = set(merged_with) - {me} or set(claim_holders) - {me}
+    """The peers whose announcements count: those we merged rounds with that still claim the module (a dead peer's
+    last announcement outlives its claim by minutes: counted, it voted for the state it died with, and a restarted
+    reducer with a new identity left no majority to the others until it expired, issue 27); all of them when none
+    still claims it (nobody new counts for a node with history before it merged with it); with no history, the
+    claims' holders. Never a peer we caught lying (node/peer/audit.py), whose own replicas it may have made agree
+    with it."""
+    merged, holders = set(merged_with) - {me}, set(claim_holders) - {me}
+    out = merged & holders or merged or holders
     return out - set(distrusted)
 
 

@@ -2,7 +2,8 @@
 
 Layout under a checkpoint root:
 
-    ROOT/round-000012/manifest.json      swarm_id, round, module ids, file hashes, replica digests
+    ROOT/round-000012/manifest.json      swarm_id, round, module ids, file hashes, replica digests, the saving
+                                         node's counters (node/peer/counters.py: a restart continues them)
     ROOT/round-000012/L0M1.safetensors   the module's weights by name + its outer momentum
     ROOT/LATEST                          name of the newest complete round directory
 
@@ -63,6 +64,9 @@ class Checkpoint:
     round: int
     modules: dict[str, ModuleState]
     directory: Path
+    counters: dict[str, Any] | None = None
+    """The saving node's token counters as it wrote them, unchecked (node/peer/counters.py reads them); None: none
+    saved (a checkpoint of `swarm init`, of the simulator, or of an older version)."""
 
 
 def _sha256_file(path: Path) -> str:
@@ -78,8 +82,10 @@ def module_digest(state: ModuleState) -> str:
     return state_digest(state.flat_weights(), state.momentum, state.round)
 
 
-def save_checkpoint(root: str | Path, spec: SwarmSpec, round_: int, modules: dict[str, ModuleState]) -> Path:
-    """Write a complete round atomically and point LATEST at it; returns the round directory."""
+def save_checkpoint(root: str | Path, spec: SwarmSpec, round_: int, modules: dict[str, ModuleState],
+                    counters: dict[str, Any] | None = None) -> Path:
+    """Write a complete round atomically and point LATEST at it; returns the round directory. `counters`: the node's
+    token counters, kept in the manifest as given (a JSON object)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     name = f"round-{round_:06d}"
@@ -88,7 +94,7 @@ def save_checkpoint(root: str | Path, spec: SwarmSpec, round_: int, modules: dic
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
-        return _write_round(root, spec, round_, modules, name, final, tmp)
+        return _write_round(root, spec, round_, modules, name, final, tmp, counters)
     except OSError:
         # A full disk (or any write error): the half-written round goes, LATEST still names the last complete one.
         shutil.rmtree(tmp, ignore_errors=True)
@@ -96,9 +102,11 @@ def save_checkpoint(root: str | Path, spec: SwarmSpec, round_: int, modules: dic
 
 
 def _write_round(root: Path, spec: SwarmSpec, round_: int, modules: dict[str, ModuleState], name: str, final: Path,
-                 tmp: Path) -> Path:
+                 tmp: Path, counters: dict[str, Any] | None) -> Path:
     tmp.mkdir()
     manifest: dict[str, Any] = {"format": FORMAT_VERSION, "swarm_id": spec.swarm_id, "round": round_, "modules": {}}
+    if counters is not None:
+        manifest["counters"] = counters
     for mid, st in sorted(modules.items()):
         tensors = {k: v.detach().contiguous().clone() for k, v in st.weights.items()}
         tensors[MOMENTUM_KEY] = st.momentum.detach().contiguous().float().clone()
@@ -180,7 +188,9 @@ def load_checkpoint(path: str | Path, spec: SwarmSpec, module_ids: list[str] | N
         if mid not in entries:
             raise CheckpointError(f"{d}: module {mid} is missing from the checkpoint")
         modules[mid] = _load_module(d, spec, mid, entries[mid])
-    return Checkpoint(swarm_id=spec.swarm_id, round=int(manifest.get("round", 0)), modules=modules, directory=d)
+    counters = manifest.get("counters")
+    return Checkpoint(swarm_id=spec.swarm_id, round=int(manifest.get("round", 0)), modules=modules, directory=d,
+                      counters=counters if isinstance(counters, dict) else None)
 
 
 def _load_module(d: Path, spec: SwarmSpec, mid: str, entry: dict) -> ModuleState:

@@ -283,7 +283,8 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
                       closed.digest_after, spec.outer, codec=spec.codec,
                       next_reducers=successors(reducer, closed.used),
                       bound=None if w.name == reducer else mean_bound(sent[w.name].delta_norm, sent[w.name].tokens,
-                                                                      reference_norm(w.outer[mid]), spec))
+                                                                      reference_norm(w.outer[mid]), spec,
+                                                                      len(closed.used)))
         if done.lie:  # the members' bound holds every honest round: the simulator runs none other
             raise AssertionError(f"{mid} round {r}: an honest mean broke {w.name}'s bound: {done.lie}")
         if done.state is not None:

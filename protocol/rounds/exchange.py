@@ -73,8 +73,8 @@ class ModuleExchange:
     def stance(self, module: str, round_: int, digest: str, asker: str):
         return self.reducer.stance(module, round_, digest, asker)
 
-    async def fetch_state(self, peer: str, module: str, timeout_s: float) -> OuterState | None:
-        return await self.service.fetch_state(peer, module, timeout_s)
+    async def fetch_state(self, peer: str, module: str, timeout_s: float, round_: int = -1) -> OuterState | None:
+        return await self.service.fetch_state(peer, module, timeout_s, round_)
 
     def effective_state(self, module: str) -> OuterState | None:
         return self.reducer.effective_state(module)
@@ -99,13 +99,19 @@ class ModuleExchange:
         """Peers most holders of our modules announce they caught lying (node/peer/vouch.py)."""
         self.trust.voted_out = frozenset(peers)
 
-    def drop_replies(self, rounds: set[tuple[str, int]]) -> None:
-        """Fault injection for tests: as the reducer of these (module, round)s, close the replies unsent."""
+    def drop_replies(self, rounds: set[tuple[str, int]], die_replying: dict[tuple[str, int], str] | None = None,
+                     exit_arm: str = "") -> None:
+        """Fault injection for tests: as the reducer of these (module, round)s, close the replies unsent;
+        `die_replying`: (module, round, or -1: any) → which member ("first" or "last" by peer id) gets its reply
+        before the process exits, the others none; `exit_arm`: a file a process must remove to die so (service.py)."""
         self.service.drop_reply = set(rounds)
+        self.service.die_replying = dict(die_replying or {})
+        self.service.exit_arm = exit_arm
 
-    def forget_pending(self, module: str) -> None:
-        """Our state of the module was replaced (re-sync): rounds we closed earlier no longer define it."""
-        self.reducer.forget_pending(module)
+    def forget_pending(self, module: str, from_round: int | None = None) -> None:
+        """Our state of the module was replaced (re-sync) by one at `from_round`: rounds we closed earlier no longer
+        define it, nor are those from `from_round` on ours (reducer.py)."""
+        self.reducer.forget_pending(module, from_round)
 
     # ---- what the node reads ------------------------------------------------------------------------
     @property
@@ -148,6 +154,11 @@ class ModuleExchange:
                 out[module] = peer
         return out
 
+    def take_ahead(self, module: str) -> str | None:
+        """A candidate that answered it is past a round of `module` we were to reduce, since the last call (None:
+        none): our own reducer's "out of sync" names no peer, this one does."""
+        return self.reducer.ahead.pop(module, None)
+
     def tokens_reduced(self, module: str) -> int:
         """Tokens in the rounds of `module` we closed with a mean (less those a healed split took back)."""
         log = self.reducer.logs.get(module)
@@ -157,7 +168,8 @@ class ModuleExchange:
         """A split we lost: the tokens we merged into `module`'s states from `first_round` on no longer count.
         Returns them. A coroutine: run on the network loop, where the reducer adds to the same count."""
         log = self.reducer.logs[module]
-        tokens = sum(t for r, t in log.reduced.items() if r >= first_round)
+        lost = [r for r in log.reduced if r >= first_round]
+        tokens = sum(log.reduced.pop(r) for r in lost)  # taken back once: a later heal over them counts none again
         log.tokens_reduced -= tokens
         return tokens
 

@@ -262,10 +262,14 @@ class StateRequest(Message):
 
     module: str
     membership: str = ""
+    round: int = -1
+    """The round of the state a majority vouched for, when the downloader wants that one (-1: the newest): a reducer
+    serves it while its node still holds it, not the state after the rounds it closed since (protocol/rounds/service.py;
+    a peer from before the field ignores it)."""
 
     @classmethod
     def parse(cls, header: dict[str, Any]) -> Self:
-        return cls(_str(header, "module"), membership_of(header))
+        return cls(_str(header, "module"), membership_of(header), _int(header, "round", low=-1, default=-1))
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ from pathswarm.protocol.rounds.stance import Stances
 
 logger = logging.getLogger(__name__)
 
+EXTEND_EVERY = 2
+"""A module's rounds between two grace-window extensions for a member that came late (`Reducer._late_frame`)."""
+
 Closer = Callable[[Sequence[tuple[str, int, bytes]], int, OuterState | None], ClosedRound]
 """(contributions as (peer, tokens, frame) sorted by peer, the module's size, the state the round opened with) →
 the closed round: the round rule's `close_round` (tests inject a lying one)."""
@@ -55,11 +58,20 @@ class Reducer:
         self.stances = Stances(ctx)
         self.behind: dict[str, str] = {}
         """Module → a peer that is ahead of us (the node re-syncs from it)."""
+        self.ahead: dict[str, str] = {}
+        """Module → an earlier candidate that answered it is past a round we were to reduce (`ModuleExchange.
+        take_ahead`: where a restarted head of the list, named in nobody else's list, looks for the group)."""
         # One merge at a time, as when they ran on the loop: a node's modules close in the same grace window, and
         # each 25 M-value merge holds every decoded contribution (memory) and competes with training for the cores.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pathswarm-merge")
         self.last_closed: float | None = None
         """Clock time of the last round we closed with others' frames (a leaving node serves them a while after it)."""
+        self.closing_at: dict[str, tuple[int, float]] = {}
+        """Module → (round, clock time) of the last close we began when its grace window ended (not its quorum)."""
+        self.extend: set[tuple[str, int]] = set()
+        """(module, open round)s whose grace window waits one more (`_late_frame`)."""
+        self.extended: dict[str, int] = {}
+        """Module → the last round whose grace window we extended for a member late by a hair."""
 
     def effective_state(self, module: str) -> OuterState | None:
         """Our module state, or the state it will have after the rounds we closed, whichever is newer."""
@@ -92,6 +104,15 @@ class Reducer:
             if digest != digest_before:
                 return failed(module, round_, "state before the round differs", RoundStatus.OUT_OF_SYNC)
             log.note_seen(sender, round_)  # a late frame of our state: not silent (the quorum waits for it again)
+            if sender not in result.contributors:
+                self._late_frame(module, round_)
+            if sender not in result.contributors and self.store.get(module, round_) is None:
+                # Late by more rounds than we keep frames for: a member still checking us (a restarted or new one)
+                # could not audit the mean and would retry the download for a whole timeout, stalled, then fail the
+                # round (issue 27: a restarted node was refused as a flood so). It is rounds behind: let it re-sync.
+                now = self.effective_state(module)
+                return failed(module, round_, f"the group is at round {now.round if now else round_ + 1}",
+                              RoundStatus.OUT_OF_SYNC)
             # A contributor asking again lost our reply: its outer gradient is in the mean ("merged", not "late").
             return answer(result, sender, self.store)
         mine = await self._wait_for_state(module)
@@ -113,6 +134,8 @@ class Reducer:
             # Shielded: a member whose wait ends (its timeout, a handler's deadline) must not cancel the close, which
             # would leave the round closing forever, with every other member waiting on it.
             await asyncio.shield(self._close(opened))
+        elif opened.closing and sender not in opened.frames:
+            self._late_frame(module, round_)
         await opened.done.wait()
         assert opened.result is not None
         if opened.result.status in (RoundStatus.FAILED, RoundStatus.OUT_OF_SYNC):
@@ -145,6 +168,7 @@ class Reducer:
                 log.open.pop(round_, None)
             peer, stance = rival
             if stance == Stance.AHEAD:
+                self.ahead[module] = peer
                 return failed(module, round_, f"peer {peer[-8:]} is past this round", RoundStatus.OUT_OF_SYNC)
             return failed(module, round_, f"{peer[-8:]} holds this round", RoundStatus.REDIRECT, redirect=peer)
         if round_ in log.closed:  # closed while we asked
@@ -161,8 +185,31 @@ class Reducer:
         opened = self.logs[module].open[round_] = ReducerRound(module, round_, mine.digest(),
                                                                max(1, min(quorum, counted)), world=world,
                                                                uncounted=set(silent))
+        logger.debug("%s round %d opened: waits for %d frames (silent: %s)", module, round_, opened.target,
+                     ", ".join(p[-8:] for p in silent) or "none")
         asyncio.get_running_loop().create_task(self._close_after_grace(opened))
         return opened
+
+    def _late_frame(self, module: str, round_: int) -> None:
+        """A frame of the round's own state came after the round's grace window ended (the round waited for it): its
+        member is in step with us but behind, and (its next send waits for its other modules' rounds, which end when
+        ours do) may stay so round after round, its outer gradient carried, growing, until the screen rejects it
+        (issue 27: a restarted node late 10 rounds in a row). The round open now waits one more grace window for it
+        (it still closes as soon as its quorum is in), at most every other round of the module: the member's next
+        frame is in that round, so its carried steps stop growing even if its phase stays off (its sends wait for its
+        other modules' rounds: an extension once in four rounds still left a node late three rounds in four), and a
+        peer late on purpose slows every other round by a grace window at most (it holds every round for one grace
+        window already). (A round closed by its quorum did not wait for the late one: it was not counted, and the
+        next round counts it.)"""
+        closing, now_open = self.closing_at.get(module), round_ + 1
+        if (closing is None or closing[0] != round_ or now_open not in self.logs[module].open or self.ctx.sync_world
+                or self.ctx.clock.now() - closing[1] >= self.ctx.spec.averaging.grace_s
+                or now_open - self.extended.get(module, -EXTEND_EVERY) < EXTEND_EVERY):
+            return
+        self.extended[module] = now_open
+        self.extend.add((module, now_open))
+        logger.debug("%s round %d: a frame of it came %.1f s late; round %d waits a grace window longer", module,
+                     round_, self.ctx.clock.now() - closing[1], now_open)
 
     def _expected(self, module: str, round_: int) -> tuple[int, tuple[str, ...]]:
         """How many contributions the round waits for before its grace window ends, and the silent claimants left
@@ -197,7 +244,11 @@ class Reducer:
         ctx = self.ctx
         if not ctx.sync_world:
             await ctx.clock.sleep(ctx.spec.averaging.grace_s)
+            if (opened.module, opened.round) in self.extend:  # a member came late to the round before
+                self.extend.discard((opened.module, opened.round))
+                await ctx.clock.sleep(ctx.spec.averaging.grace_s)
             if opened.result is None and not opened.closing:
+                self.closing_at[opened.module] = (opened.round, ctx.clock.now())  # it waited for someone
                 await self._close(opened)
             return
         # sync: reaching the target closes the round in reduce(); a rank lost fails it; otherwise the timeout ends it
@@ -226,12 +277,12 @@ class Reducer:
 
     def _moved(self, opened: ReducerRound) -> OuterState | None | bool:
         """The state the round opened with, if we still hold it (None: we hold none); False when our state moved
-        past the round while it was open."""
+        while the round was open: past it, or back before it (a minority ahead goes back to the majority's state,
+        node/peer/splits.py)."""
         mine = self.effective_state(opened.module)
-        if mine is not None and (mine.round > opened.round
-                                 or (mine.round == opened.round and mine.digest() != opened.digest_before)):
+        if mine is not None and (mine.round != opened.round or mine.digest() != opened.digest_before):
             return False
-        return mine if mine is not None and mine.round == opened.round else None
+        return mine
 
     async def _close(self, opened: ReducerRound) -> None:
         if opened.closing or opened.result is not None:
@@ -293,9 +344,16 @@ class Reducer:
         self.ctx.fresh.discard(module)  # the list works: we named the next round's candidates ourselves
         opened.finish(result)
 
-    def forget_pending(self, module: str) -> None:
-        """Our state of the module was replaced (re-sync): rounds we closed earlier no longer define it."""
-        self.logs[module].post = None
+    def forget_pending(self, module: str, from_round: int | None = None) -> None:
+        """Our state of the module was replaced (re-sync) by one at `from_round`: rounds we closed earlier no longer
+        define it, and those from `from_round` on are not ours any more (we went back to a majority's older state,
+        node/peer/splits.py): answered from our log, or told "closed" when a candidate asks, they would keep the
+        others off the round they must now reduce again."""
+        log = self.logs[module]
+        log.post = None
+        if from_round is not None:
+            for r in [r for r in log.closed if r >= from_round]:
+                del log.closed[r]
 
 
 def next_reducers(ctx: Context, module: str, used: tuple[str, ...]) -> tuple[str, ...]:

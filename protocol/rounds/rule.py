@@ -97,19 +97,26 @@ its weight × the clip radius; a liar is held to it (what it can still do inside
 screen) there is no bound."""
 
 
-def mean_bound(own_norm: float, own_tokens: int, momentum_norm: float, spec: SwarmSpec) -> float:
+def mean_bound(own_norm: float, own_tokens: int, momentum_norm: float, spec: SwarmSpec, group: int = 3) -> float:
     """The largest mean norm a member applies from another reducer (MEAN_BOUND): derived from what the member
     knows alone (its own outer gradient and tokens, the replicated momentum, the spec), so a reducer cannot widen
-    it. An outer gradient of fewer tokens than a round's (a short catch-up chunk) is scaled up to a full round's."""
+    it. An outer gradient of fewer tokens than a round's (a short catch-up chunk) is scaled up to a full round's.
+    `group`: the contributors the result lists. A group of 1 or 2 has no median to screen against: each
+    contribution is only clipped to `norm_bound` × the momentum's norm (protocol/rounds/merge.py), so the bound is
+    that when it is larger, and there is none before the first Nesterov round (no momentum yet): a restarted
+    member's first outer gradient, its AdamW moments lost, measured 12 × the group's, and a pair's honest mean
+    with it broke the 4 × bound. A reducer that lists fewer contributors to reach this wider bound must leave out
+    members, who see that their frame is not listed (protocol/rounds/member.py)."""
     avg = spec.averaging
-    if avg.norm_bound <= 0:
-        return math.inf  # no screen: nothing bounds an honest mean (one peer's outer gradient may be any size)
+    if avg.norm_bound <= 0 or (group < 3 and momentum_norm <= 0):
+        return math.inf  # no screen, or none yet: nothing bounds an honest mean (one outer gradient may be any size)
     # A robust mean (CenteredClip) stays near the group's centre; a plain mean of screened contributions can reach
     # the screen's own bound (norm_bound × the group's median norm).
     factor = MEAN_BOUND if avg.clip_factor > 0 else max(MEAN_BOUND, avg.norm_bound)
     per_round = spec.inner.steps * spec.inner.batch_size * spec.model.context_len
     scale = max(1.0, per_round / max(own_tokens, 1))
-    return factor * max(own_norm * scale, momentum_norm)
+    bound = factor * max(own_norm * scale, momentum_norm)
+    return max(bound, avg.norm_bound * momentum_norm) if group < 3 else bound
 
 
 def beyond_bound(mean: torch.Tensor, bound: float) -> str | None:

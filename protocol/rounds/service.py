@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from pathswarm.protocol.rounds.context import MAX_CLIENTS, Context
 from pathswarm.protocol.rounds.messages import (
     ContributeRequest,
     Refusal,
+    RoundReply,
     StanceReply,
     StanceRequest,
     StateReply,
@@ -34,6 +36,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+DIE_REPLYING_EXIT = 86
+"""Exit code of a process that the `die_replying` fault injection ended (tests tell it from a crash)."""
+ANY_ROUND = -1
+"""`die_replying`'s round for "any round of the module" (benchmarks/restarts.py arms each kill with a file)."""
+
 
 class Service:
     """Serves contribute, stance and state requests for one node; downloads states from peers."""
@@ -42,6 +49,14 @@ class Service:
         self.ctx, self.reducer, self.audits = ctx, reducer, audits
         self.drop_reply: set[tuple[str, int]] = set()
         """Fault injection (tests): close these rounds' replies unsent, as if the connection broke after the merge."""
+        self.die_replying: dict[tuple[str, int], str] = {}
+        """Fault injection (tests): as the reducer of these rounds, reply to one member of a round with two or more
+        others ("first": the one whose peer id sorts first, "last": last), then exit the process hard before the next
+        reply (a reducer killed between two members' replies)."""
+        self.exit_arm = ""
+        """Fault injection: with it, a process dies by `die_replying` only if it removes this file first (one death
+        per arming, in the whole swarm: whoever reduces the round again after it replies as usual)."""
+        self._dies: dict[tuple[str, int], bool] = {}
 
     async def start(self) -> None:
         streams = self.ctx.streams
@@ -74,9 +89,41 @@ class Service:
                 logger.warning("fault injection: the reply of %s round %d to %s is dropped", ask.module, ask.round,
                                sender[-8:])
                 return
+            if await self._dying_reply(ask.module, ask.round, sender, result):
+                await write_message(writer, result.header(), result.mean_frame, ctx.traffic)
+                logger.warning("fault injection: replied to %s for %s round %d; exiting before the next reply",
+                               sender[-8:], ask.module, ask.round)
+                logging.shutdown()
+                os._exit(DIE_REPLYING_EXIT)
             await write_message(writer, result.header(), result.mean_frame, ctx.traffic)
 
         await ctx.trust.serve("contribute", sender, reader, writer, handle)
+
+    async def _dying_reply(self, module: str, round_: int, sender: str, result: RoundReply) -> bool:
+        """Fault injection (`die_replying`): True for the one reply after which the process exits. Only a round
+        with two members besides us (one gets the result, the other not); the other members' replies wait until the
+        process is gone, so exactly one member has the result."""
+        which = self.die_replying.get((module, round_)) or self.die_replying.get((module, ANY_ROUND))
+        others = sorted(set(result.contributors) - {self.ctx.peer_id})
+        if which is None or not result.applicable or len(others) < 2:
+            return False  # not a round with two members to split between (a late answer of a version alone, say)
+        if (module, round_) not in self._dies:  # decided once per round, before any of its replies is held
+            self._dies = {k: v for k, v in list(self._dies.items())[-16:]}
+            self._dies[(module, round_)] = self._armed()
+        if not self._dies[(module, round_)]:
+            return False
+        if sender != (others[0] if which == "first" else others[-1]):
+            await asyncio.Event().wait()
+        return True
+
+    def _armed(self) -> bool:
+        if not self.exit_arm:
+            return True
+        try:
+            os.unlink(self.exit_arm)  # atomic: of the processes that try, one removes it
+            return True
+        except FileNotFoundError:
+            return False
 
     async def _on_stance(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         ctx = self.ctx
@@ -95,9 +142,15 @@ class Service:
         ctx = self.ctx
 
         async def handle(header: dict) -> None:
-            module = StateRequest.parse(header).module
-            # the newest state we know: after the rounds we closed, even before our own loop applied them
+            ask = StateRequest.parse(header)
+            module = ask.module
+            # the newest state we know: after the rounds we closed, even before our own loop applied them; but the
+            # state our node holds when that is the round asked for (a majority vouched for it: what we announce
+            # lags what we closed by a round, and a download of the newer one was refused, issue 27)
             state = self.reducer.effective_state(module) if module in ctx.numels else None
+            held = ctx.state_of(module) if module in ctx.numels else None
+            if held is not None and ask.round >= 0 and held.round == ask.round:
+                state = held
             if state is None:
                 await write_message(writer, StateReply("missing").header(), b"", ctx.traffic)
                 return
@@ -110,10 +163,10 @@ class Service:
 
         await ctx.trust.serve("state", sender, reader, writer, handle)
 
-    async def fetch_state(self, peer: str, module: str, timeout_s: float) -> OuterState | None:
-        """Download a module's state from a peer: None if it fails, is refused, is later than the swarm's age
-        allows, holds non-finite values, or does not hash to the digest the peer sent with it. The caller checks
-        that digest against the one a majority vouches for."""
+    async def fetch_state(self, peer: str, module: str, timeout_s: float, round_: int = -1) -> OuterState | None:
+        """Download a module's state from a peer (`round_`: the round wanted, -1: the newest): None if it fails, is
+        refused, is later than the swarm's age allows, holds non-finite values, or does not hash to the digest the
+        peer sent with it. The caller checks that digest against the one a majority vouches for."""
         ctx, streams = self.ctx, self.ctx.streams
         assert streams is not None
         numel = ctx.numels[module]
@@ -121,7 +174,7 @@ class Service:
         async def go() -> tuple[dict, bytes]:
             reader, writer = await streams.open(peer, ctx.name("state"))
             try:
-                await write_message(writer, StateRequest(module, ctx.membership).header(), b"", ctx.traffic)
+                await write_message(writer, StateRequest(module, ctx.membership, round_).header(), b"", ctx.traffic)
                 return await read_message(reader, 8 * numel, ctx.traffic)
             finally:
                 writer.close()

@@ -78,7 +78,11 @@ class Trust:
         return peer in self.distrusted or peer in self.voted_out or self.gate.revoked(peer)
 
     def ignored(self, sender: str) -> str:
-        """Why a contribution of `sender` is not even merged ('' when it is welcome)."""
+        """Why a contribution of `sender` is not even merged ('' when it is welcome). Never our own: a reducer whose
+        own outer gradient the screen rejected three times (steps carried over a stall) ignored itself, and failed
+        every round of every module it holds for the rest of the run, alone-held ones included (issue 27)."""
+        if sender == self.peer_id:
+            return ""
         if sender in self.distrusted:
             return "ignored: you misreported a round to us"
         if self.offenses.get(sender, 0) >= self.spec.averaging.max_rejections:
@@ -88,6 +92,9 @@ class Trust:
     def note_rejected(self, rejected: tuple[tuple[str, str], ...], module: str, round_: int) -> None:
         limit = self.spec.averaging.max_rejections
         for peer, reason in rejected:
+            if peer == self.peer_id:
+                logger.warning("our own outer gradient for %s round %d was rejected: %s", module, round_, reason)
+                continue
             self.offenses[peer] = self.offenses.get(peer, 0) + 1
             logger.warning("rejected peer %s's outer gradient for %s round %d: %s (%d rejected so far%s)", peer,
                            module, round_, reason, self.offenses[peer],

@@ -4,7 +4,8 @@ Real node processes on 127.0.0.1. The reducer of the shared modules is killed wi
 inner steps and restarted on the same checkpoint directory (with its identity, and with a new one); a reducer
 drops its reply to a member on purpose. Asserted: every node that recorded a digest for a (module, round)
 recorded the same one (whatever their groups: a split would show as two digests), the final checkpoints agree
-where they hold the same round, and no node threw work away.
+where they hold the same round, and no node threw work away; every status file read adds up (trained = merged +
+unmerged + discarded + lost), and the restarted node's counters go on from the killed run's (node/peer/counters.py).
 """
 
 import json
@@ -18,11 +19,13 @@ import pytest
 from pathswarm.node.app.local_swarm import LocalSwarm
 from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.model.data import synthetic_corpus
+from pathswarm.node.peer.counters import Counts, continued, newest
 from pathswarm.node.peer.partial_round import FILE as PARTIAL_FILE
+from pathswarm.node.peer.partial_round import saved_counters
 from pathswarm.node.train.checkpoint import load_checkpoint, module_digest
 from pathswarm.protocol.spec import AveragingSpec, DataSpec, InnerOptSpec, ModelSpec, SwarmSpec
 
-from ..conftest import wait_until
+from ..conftest import tokens_add_up, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -37,6 +40,13 @@ def spec_of(levels: tuple[int, ...]) -> SwarmSpec:
                      inner=InnerOptSpec(steps=H, batch_size=4, warmup_steps=2), data=DataSpec(corpus="synthetic"),
                      averaging=AveragingSpec(grace_s=3.0, timeout_s=20.0, claim_ttl_s=6.0))
     return init_spec(base, synthetic_corpus(200, seed=0))
+
+
+class CheckedSwarm(LocalSwarm):
+    """Every status file the test reads, whenever the node wrote it (mid-chunk, just before a kill), adds up."""
+
+    def status(self, name: str) -> dict | None:
+        return tokens_add_up(super().status(name))
 
 
 def versions(statuses: list[dict]) -> dict[tuple[str, str], set[str]]:
@@ -94,7 +104,7 @@ def test_a_reducer_killed_mid_round_and_restarted_splits_no_round(tmp_path, same
     spec = spec_of((1, 3))
     spec_path = tmp_path / "swarm.toml"
     spec_path.write_text(spec.to_toml())
-    swarm = LocalSwarm(spec_path, tmp_path / "run")
+    swarm = CheckedSwarm(spec_path, tmp_path / "run")
     names = {"a": "0.0", "b": "0.1", "c": "0.2"}
     try:
         swarm.start_bootstrap()
@@ -115,6 +125,9 @@ def test_a_reducer_killed_mid_round_and_restarted_splits_no_round(tmp_path, same
         killed_round = swarm.status(victim)["module_rounds"]["shared"]
         before = swarm.status(victim)
         shutil.copy(swarm.node_files(victim)["status.json"], tmp_path / "victim-before.json")
+        ckpt_dir = swarm.node_files(victim)["checkpoint"]  # what the killed run saved, for the restart to continue
+        saved = newest(Counts.from_json(load_checkpoint(ckpt_dir, spec).counters),
+                       Counts.from_json(saved_counters(ckpt_dir, spec.swarm_id)))
         time.sleep(8)  # dead longer than its claim lives: the others go on without it
         start(swarm, victim, names[victim], same_identity, tmp_path)
         target = killed_round + 5
@@ -132,6 +145,17 @@ def test_a_reducer_killed_mid_round_and_restarted_splits_no_round(tmp_path, same
     assert final[victim]["tokens_resumed"] > 0, final[victim]  # it took over its saved round in progress
     if same_identity:
         assert final[victim]["peer_id"] == before["peer_id"]
+    else:
+        assert final[victim]["peer_id"] != before["peer_id"]
+    # Its counters went on from the killed run's, whatever its peer id: the tokens that run trained and the restart
+    # could not take back (trained after its last save, or in flight) were counted lost once, at the restart.
+    v = final[victim]
+    at_restart = continued(saved, Counts.from_status(before), v["tokens_resumed"])
+    assert v["counters_id"] == before["counters_id"] == saved.counters_id, (v, before, saved)
+    assert v["tokens_lost"] == at_restart.lost >= before["tokens_trained"] - saved.trained, (v, before, saved)
+    assert v["tokens_trained"] > max(before["tokens_trained"], saved.trained), (v, before)
+    assert v["tokens_merged"] > before["tokens_merged"] > 0, (v, before)
+    assert v["tokens_reduced"] >= before["tokens_reduced"] > 0, (v, before)  # it reduced before the kill
     for n, st in final.items():
         assert st["tokens_discarded"] == 0 and st["digest_mismatches"] == 0, (n, st)
     # final checkpoints: where two nodes stopped at the same round of a module, they hold the same bits
@@ -151,7 +175,7 @@ def test_a_reply_lost_after_the_merge_is_fetched_again_not_a_split(tmp_path, mon
     spec_path = tmp_path / "swarm.toml"
     spec_path.write_text(spec.to_toml())
     monkeypatch.setenv("PATHSWARM_TEST_DROP_REPLY", "shared:2,L0M0:2")  # every node has it; the reducer acts on it
-    swarm = LocalSwarm(spec_path, tmp_path / "run")
+    swarm = CheckedSwarm(spec_path, tmp_path / "run")
     try:
         swarm.start_bootstrap()
         for name in ("a", "b"):

@@ -19,7 +19,7 @@ from pathswarm.node.app.replicas import check_replicas, replica_mismatches
 from pathswarm.node.train.checkpoint import load_checkpoint
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec
 
-from ..conftest import tiny_spec, wait_until
+from ..conftest import tiny_spec, tokens_add_up, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -55,7 +55,7 @@ def test_three_nodes_train_with_identical_replicas(spec_path, tmp_path):
             swarm.start_node(name, path=path, max_rounds=4, seed=i, extra=["--wait-peers", "3"])
         codes = swarm.wait_nodes(list(paths), timeout_s=180)
         assert codes == {"a": 0, "b": 0, "c": 0}, [swarm.tail(n) for n in paths]
-        st = {n: swarm.status(n) for n in paths}
+        st = {n: tokens_add_up(swarm.status(n)) for n in paths}
         peer = {n: st[n]["peer_id"] for n in paths}
         assert {n: st[n]["path"] for n in paths} == paths
         mismatches, compared = replica_mismatches(list(st.values()))
@@ -150,7 +150,7 @@ def test_late_join_sigkill_and_sigterm(spec_path, tmp_path):
         # it (protocol/rounds/reducers.py, "what remains possible"; seen once here: b merged L1M0's round with c, a's
         # contribution came after, a found b dead and merged it alone, and a and c then each held another state).
         # So: no split before b's last round, and the survivors come back to one version (the split watch heals it).
-        b_status = swarm.status("b")
+        b_status = tokens_add_up(swarm.status("b"))  # the status file b wrote last before the kill adds up
         last_b = {m: max(map(int, rounds)) for m, rounds in b_status["history"].items() if rounds}
         early = [str(m) for m in check.splits if int(m.round) < last_b.get(m.module, 1 << 62)]
         assert check.digests_compared > 0 and not early, (early, [swarm.tail(n) for n in ("a", "b", "c")])

@@ -81,6 +81,8 @@ def test_metrics_export_the_summarys_figures_under_conventional_names():
     assert samples[("pathswarm_module_group_size", (("module", "shared"),))] == 2
     assert samples[("pathswarm_module_rounds_late_total", (("module", "L0M0"),))] == 2
     assert ("pathswarm_module_replicas_agree", (("module", "L1M1"),)) not in samples  # nothing to compare: absent
+    assert samples[("pathswarm_module_holders_left_behind", (("module", "shared"),))] == 0
+    assert samples[("pathswarm_module_splits_healed", (("module", "shared"),))] == 0
     assert samples[("pathswarm_node_round", ())] == 4 and samples[("pathswarm_node_inner_steps_total", ())] == 40
     assert samples[("pathswarm_node_info", (("optimizer", "adamw"), ("path", "0.0"), ("peer_id", A)))] == 1
     assert samples[("pathswarm_dashboard_last_poll_timestamp_seconds", ())] == 100.0

@@ -636,3 +636,64 @@ def test_only_a_frame_of_our_state_counts_a_claimant_as_active_and_a_returning_o
     # A node that saw none of the rounds between (it re-synced far ahead) does not find everyone silent at once.
     log.note_claims(("a", "reducer", "silent"), later + 10)
     assert not any(log.silent(p, later + 10) for p in ("a", "reducer", "silent"))
+
+
+def test_a_member_late_to_a_round_gets_one_longer_grace_window_then_none_for_a_while():
+    """Issue 27: a restarted node's frames reached the reducer a second after each round's grace window ended, round
+    after round (its next send waits for the round before, which ends when the reducer's does): late 10 times in a
+    row, its outer gradient carried and growing. The round open when such a frame comes waits a grace window more
+    for it (closing as soon as it is in), at most every other round."""
+    from pathswarm.protocol.rounds.reducer import EXTEND_EVERY
+
+    spec = SwarmSpec(averaging=AveragingSpec(min_group=8, grace_s=10.0))
+
+    async def go():
+        clock = ManualClock()
+        mine, ex = clocked_exchange(spec, clock)
+        ex.set_groups({}, holders={"L0M0": ("a", "reducer", "slow")})
+        f, digest, before, closed_after = frames(3), mine.digest(), None, []
+        for r in range(6):
+            both = [asyncio.ensure_future(ex.reduce("L0M0", r, p, 10, digest, x))
+                    for p, x in (("reducer", f[0]), ("a", f[1]))]
+            waited = 0.0
+            if before is not None:  # the slow member's frame of the round before, a second after it closed
+                await clock.advance(1.0)
+                waited += 1.0
+                assert (await ex.reduce("L0M0", r - 1, "slow", 10, before, f[2])).status == "late"
+            for step in (10.0 - waited, 10.0):  # the grace window, then the one an extension adds
+                await clock.advance(step)
+                waited += step
+                await asyncio.wait(both, timeout=2)  # the merge runs on its thread, in real time
+                if all(b.done() for b in both):
+                    break
+            closed_after.append(waited)
+            results = [b.result() for b in both]
+            before, digest = digest, results[0].digest_after
+        return closed_after
+
+    closed_after = asyncio.run(go())
+    assert EXTEND_EVERY == 2 and closed_after == [10.0, 20.0] * 3, closed_after
+
+
+def test_a_reducer_never_ignores_its_own_outer_gradient():
+    """Issue 27: a reducer whose own outer gradient (steps carried over a stall) the screen rejected three times
+    ignored itself, and failed every round of every module it held for the rest of the run."""
+    ex, _ = make_exchange(expected=3)
+    limit = ex.spec.averaging.max_rejections
+    for r in range(limit + 1):
+        ex.trust.note_rejected((("reducer", "norm too large"), ("other", "norm too large")), "L0M0", r)
+    assert ex.trust.ignored("reducer") == "" and "reducer" not in ex.trust.offenses
+    assert ex.trust.ignored("other").startswith("ignored")
+
+
+def test_a_restarted_head_told_out_of_sync_by_its_own_stance_question_learns_who_is_ahead():
+    from pathswarm.protocol.rounds.reducers import Stance
+
+    ex, mine = make_exchange(expected=2)
+
+    async def rival(module, round_, state):
+        return "ahead-peer", Stance.AHEAD
+
+    ex.reducer.stances.rival = rival
+    got = asyncio.run(ex.reduce("L0M0", mine.round, "reducer", 10, mine.digest(), frames(1)[0]))
+    assert got.status == "out_of_sync" and ex.take_ahead("L0M0") == "ahead-peer" and ex.take_ahead("L0M0") is None

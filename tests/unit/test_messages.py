@@ -38,6 +38,7 @@ MESSAGES = [
     FramesReply("ok", 2),
     FrameHeader("QmB", 640),
     AlertRequest("L0M0", 3, "QmLiar", "cert"),
+    StateRequest("L1M1", "cert", 12),  # the vouched round wanted (issue 27)
 ]
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pathswarm.node.model.data import TokenSampler
-from pathswarm.node.peer.partial_round import FILE, PartialError, load_partial, save_partial
+from pathswarm.node.peer.partial_round import FILE, PartialError, load_partial, save_partial, saved_counters
 from pathswarm.node.train.worker import PathWorker
 
 
@@ -40,13 +40,15 @@ def test_a_resumed_round_continues_bit_for_bit(tmp_path, spec, synthetic_docs):
         a.set_flat(mid, a.outer[mid].anchor)
     a.end_round()
     a.train_inner(3)
-    save_partial(tmp_path, spec, a, _anchors(a), carry={"shared": 7}, uncounted_tokens=64)
+    counters = {"counters_id": "ab" * 16, "trained": 900, "merged": 500, "discarded": 0, "lost": 0}
+    save_partial(tmp_path, spec, a, _anchors(a), carry={"shared": 7}, counters=counters)
 
     b = _worker(spec, synthetic_docs, seed=1)  # another data stream: only the saved state may make them agree
     _same_anchors(a, b)
     got = load_partial(tmp_path, spec, b)
-    assert (got.round_steps, got.round_tokens, got.inner_step, got.carry, got.uncounted_tokens) == \
-        (3, a.round_tokens, 5, {"shared": 7}, 64)
+    assert (got.round_steps, got.round_tokens, got.inner_step, got.carry) == (3, a.round_tokens, 5, {"shared": 7})
+    assert saved_counters(tmp_path, spec.swarm_id) == counters  # read from the header, resumed or not
+    assert saved_counters(tmp_path, "another-swarm") is None
     for mid in a.module_ids:
         assert torch.equal(a.flat(mid), b.flat(mid))
     # the same next batches from here: identical weights, so the inner optimizer state came back exactly

@@ -210,6 +210,10 @@ def test_the_bound_follows_the_screens_a_short_chunk_and_the_momentum():
     plain = SPEC.replace(averaging=AveragingSpec(clip_factor=0.0, norm_bound=10.0))
     assert mean_bound(2.0, per_round, 0.0, plain) == 10.0 * 2.0  # a plain mean reaches the screen's bound
     assert mean_bound(2.0, per_round, 0.0, SPEC.replace(averaging=AveragingSpec(norm_bound=0.0))) == math.inf
+    # a group of 1 or 2 is only clipped to norm_bound × the momentum's norm, and not at all before there is one
+    assert mean_bound(2.0, per_round, 0.0, SPEC, group=2) == math.inf
+    assert mean_bound(2.0, per_round, 1.0, SPEC, group=2) == SPEC.averaging.norm_bound * 1.0
+    assert mean_bound(20.0, per_round, 1.0, SPEC, group=1) == MEAN_BOUND * 20.0
 
 
 def test_a_mean_pointing_away_from_our_outer_gradient_is_suspicious():

@@ -109,8 +109,8 @@ def test_a_mean_beyond_our_bound_makes_its_reducer_a_proven_liar_and_the_round_g
     anchor, numel = worker.outer[mid].anchor.clone(), worker.outer[mid].anchor.numel()
     exchange.calls.clear()
     huge = encode(torch.full((numel,), 1e3))
-    _settle_with(rounds, mid, RoundResult(mid, 0, "merged", mean_frame=huge, contributors=["r1", "me"], reducer="r1",
-                                          frames=(("r1", 1, "h"), ("me", 1, "h"))), "")
+    _settle_with(rounds, mid, RoundResult(mid, 0, "merged", mean_frame=huge, contributors=["r1", "r2", "me"],
+                                          reducer="r1", frames=(("r1", 1, "h"), ("r2", 1, "h"), ("me", 1, "h"))), "")
     assert "most an honest round sends" in exchange.distrusted["r1"]
     assert exchange.calls == [(["r2", "me"], mid, first[2], first[3])] and exchange.after_lie[-1] is True
     assert worker.outer[mid].round == 0 and torch.equal(worker.outer[mid].anchor, anchor)  # nothing applied

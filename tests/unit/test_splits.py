@@ -77,3 +77,48 @@ def test_announcements_with_their_reducer_list_digest_are_read_as_well():
     anns = [A("b", 5, "dB", "l1"), A("c", 5, "dB", "l1"), A("d", 4, "dA", "l0")]
     heal = split_verdict("shared", 5, "dZ", "a", anns)
     assert (heal.peer, heal.winner, heal.ours) == ("b", "dB", "dZ")
+
+
+def test_a_split_shows_at_any_round_two_chains_share():
+    """Issue 27: a holder that got the result of a round whose reducer died replying went on; the others reduced
+    that round again without it. Their current rounds differ, so the old check (our round only) saw nothing."""
+    from pathswarm.node.peer.splits import split_verdict
+
+    ahead = A("b", 7, "b7", "", ((5, "b5", ""), (6, "b6", "")))  # b's version of round 5, two rounds on
+    group = [ahead, A("c", 5, "c5"), A("d", 5, "c5")]
+    heal = split_verdict("m", 6, "b6", "b", [A("c", 5, "c5"), A("d", 5, "c5")], my_chain=((5, "b5"),))
+    assert (heal.round, heal.winner, heal.ours, heal.peer, heal.at) == (5, "c5", "b5", "c", (6, "b6"))
+    # the winners see the same split and stay; a holder behind the split round compares nothing
+    assert split_verdict("m", 5, "c5", "c", group) is None
+    assert split_verdict("m", 4, "c4", "e", group) is None
+    # a peer's chain at our round with our digest is agreement, whatever round it is at now
+    assert split_verdict("m", 5, "b5", "x", [ahead]) is None
+
+
+def test_a_minority_ahead_goes_back_to_the_majoritys_older_state():
+    """The reducer of round r replied to b only and died; restarted, it and c hold round r and vouch for no later
+    state, and b's answers ("out of sync") kept them off round r for the rest of a run."""
+    from pathswarm.node.peer.splits import ahead_alone
+
+    others = [A("a", 5, "d5", "l5"), A("c", 5, "d5", "l5")]
+    back = ahead_alone(6, "b6", "b", others, {"a", "c"})
+    assert (back.round, back.digest, back.peers, back.reducers) == (5, "d5", ("a", "c"), "l5")
+    # one other holder: a tie (it adopts ours instead); someone vouching for our state: we are not alone
+    assert ahead_alone(6, "b6", "b", others[:1], {"a"}) is None
+    assert ahead_alone(6, "b6", "b", [*others, A("e", 7, "e7", "", ((6, "b6", ""),))], {"a", "c", "e"}) is None
+    # a majority ahead of us, or at our round: not for this rule (vouching, the split verdict)
+    assert ahead_alone(4, "b4", "b", others, {"a", "c"}) is None
+    assert ahead_alone(5, "b5", "b", others, {"a", "c"}) is None
+    # uncounted ids decide nothing
+    assert ahead_alone(6, "b6", "b", [A("x", 5, "f5"), A("y", 5, "f5")], {"a", "c"}) is None
+
+
+def test_a_heal_is_keyed_by_our_state_so_a_failed_one_is_tried_again_once_it_moved():
+    from pathswarm.node.peer.splits import Heal
+
+    watch = SplitWatch()
+    first = Heal("m", 5, "c", "c5", "b5", (6, "b6"))
+    watch.observe(first)
+    watch.observe(first)
+    watch.observe(Heal("m", 5, "c", "c5", "b5", (7, "b7")))  # our state moved (the download had failed)
+    assert [h.at for h in watch.take()] == [(6, "b6"), (7, "b7")]

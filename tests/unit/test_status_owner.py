@@ -24,11 +24,12 @@ MUTATORS = {"append", "extend", "insert", "pop", "popitem", "clear", "update", "
 STATUS_FILE_FIELDS = [
     "peer_id", "path", "round", "inner_step", "loss", "tokens_per_s", "tokens_trained", "tokens_merged",
     "tokens_unmerged", "tokens_reduced", "digest_mismatches", "splits_healed", "tokens_reduced_discarded",
-    "tokens_resumed", "tokens_discarded", "last_group", "reachable", "client", "optimizer", "micro_batch",
-    "checkpointing", "bytes_sent", "bytes_received", "val_loss_before", "val_loss_after", "rounds_failed",
-    "rounds_retried", "rounds_missed", "train_wall_s", "digests", "module_rounds", "reducers", "loss_curve",
-    "loss_history", "groups", "history", "checkpoint_round", "claims_read_late", "wait_max_s", "round_work_s",
-    "audits", "distrusted", "state", "rounds_undone", "anchor_max_abs"]
+    "tokens_resumed", "tokens_discarded", "tokens_lost", "counters_id", "last_group", "reachable", "client",
+    "optimizer", "micro_batch", "checkpointing", "bytes_sent", "bytes_received", "val_loss_before", "val_loss_after",
+    "rounds_failed", "rounds_retried", "rounds_missed", "train_wall_s", "digests", "module_rounds", "reducers",
+    "loss_curve", "loss_history", "groups", "history", "checkpoint_round", "claims_read_late", "wait_max_s",
+    "round_work_s", "audits", "distrusted", "state", "rounds_undone", "anchor_max_abs", "chains", "split_discarded",
+    "heals"]
 
 
 class _Scope:
@@ -142,6 +143,9 @@ def test_status_methods_count_as_the_fields_say():
     st.round_settled("shared", 100, 0)
     st.split_healed("shared", 60, 20)
     assert (st.tokens_merged, st.tokens_discarded, st.tokens_reduced_discarded, st.splits_healed) == (40, 60, 20, 1)
+    st.stepped(1, 4.0, 200)  # a step's tokens count as trained when it ends, not when its chunk does
+    st.stepped(2, 2.0, 300)
+    assert st.tokens_trained == 500
     st.chunk_trained([4.0, 2.0], 500, 2.0, first_round=7)
     assert (st.loss, st.tokens_trained, st.tokens_per_s, st.loss_history) == (3.0, 500, 250.0, [(8, 3.0)])
     st.waited(0.5)

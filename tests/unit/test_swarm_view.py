@@ -47,7 +47,8 @@ def test_agreeing_lone_and_absent_modules():
     assert (ms["L0M1"]["replicas_agree"], ms["L0M1"]["split_rounds"], ms["L0M1"]["rounds_compared"]) == (None, [], 0)
     assert ms["L1M0"] == {"module": "L1M0", "round": None, "holders": 0, "holders_at_round": 0, "holder_ids": [],
                           "numel": 0, "group_sizes": [], "rounds_late": 0, "rounds_failed": 0,
-                          "replicas_agree": None, "rounds_compared": 0, "split_rounds": [], "split_digests": {}}
+                          "replicas_agree": None, "rounds_compared": 0, "split_rounds": [], "split_digests": {},
+                          "behind": {}, "stalled": {}, "splits_healed": 0, "settle_rounds_max": 0}
 
 
 def metrics(peer: str, path: tuple[int, ...], **kw) -> NodeMetrics:
@@ -80,6 +81,16 @@ def test_group_sizes_missed_rounds_and_bytes_against_data_parallel():
     assert (t["nodes_reporting"], t["nodes_reachable"], t["nodes_behind_nat"]) == (2, 1, 0)
 
 
+def test_a_node_restarted_under_a_new_peer_id_is_counted_once():
+    """Its counts continue (node/peer/counters.py) while its old record lives out its TTL: the total takes its latest
+    count, not both; records that name no counters_id (an older version) count as before."""
+    node = "0123456789abcdef" * 2
+    view = SwarmView(metrics=[metrics(A, (0, 0), tokens_trained=5000, counters_id=node),  # before the kill
+                              metrics(C, (0, 0), tokens_trained=6500, counters_id=node),  # its restart, continued
+                              metrics(B, (0, 1), tokens_trained=2500), metrics(D, (1, 0), tokens_trained=100)])
+    assert summarize(SPEC, view)["totals"]["tokens_trained"] == 6500 + 2500 + 100
+
+
 def test_several_split_rounds_are_listed_in_order():
     anns = [ann("L1M1", r, f"{r}{p[-1].lower()}", p) for r, p in ((9, A), (9, B), (3, C), (3, D), (5, A))]
     got = replica_agreement(anns)
@@ -105,10 +116,46 @@ def test_the_fullest_metrics_record_fits_the_dht_bound():
     m = NodeMetrics(path=(63, 63, 63), peer_id="Q" * 52, round=MAX_COUNT, loss=1234.5678901, tokens_per_s=1e15 / 3,
                     bytes_sent=MAX_COUNT, bytes_received=MAX_COUNT, membership="c" * MAX_CERT_BYTES,
                     history=tuple((MAX_COUNT - i, 1000.0 / 3) for i in range(MAX_HISTORY)),
-                    inner_steps=MAX_COUNT, tokens_trained=MAX_COUNT,
+                    inner_steps=MAX_COUNT, tokens_trained=MAX_COUNT, counters_id="f" * 32,
                     groups=tuple(("L2M63", MAX_COUNT - i, 10**6) for i in range(MAX_GROUPS)),
                     rounds_missed=tuple((mid, MAX_COUNT, MAX_COUNT) for mid in ("shared", "L0M63", "L1M63", "L2M63")),
                     reachable=False)
     wire = record_to_wire(m)  # what a node stores: hivemind packs it with msgpack
     assert len(MSGPackSerializer.dumps(wire)) <= MAX_RECORD_BYTES and _bounded_size(wire, 1 << 20) <= MAX_RECORD_BYTES
     assert parse_record(NodeMetrics, wire, spec) == m
+
+
+def test_a_split_between_holders_at_different_rounds_is_seen_through_their_chains():
+    """Issue 27: a holder that got the result of a round its reducer died replying to went on alone; the others
+    were rounds behind, so no round had two announcers and `swarm status` said the replicas agree."""
+    ahead = ModuleAnnouncement(module_id="shared", round=7, digest="a7", peer_id=A, numel=10,
+                               chain=((5, "a5", ""), (6, "a6", "")))
+    anns = [ahead, ann("shared", 5, "b5", B), ann("shared", 5, "b5", C)]
+    m = modules_of(SwarmView(modules={"shared": anns}))["shared"]
+    assert m["replicas_agree"] is False and m["split_rounds"] == [5]
+    assert m["split_digests"] == {"5": {"a5": [A], "b5": [B, C]}}
+    # the same chain on one version: they agree, and the holders two rounds behind are compared with it
+    same = ModuleAnnouncement(module_id="shared", round=7, digest="a7", peer_id=A, numel=10,
+                              chain=((5, "b5", ""), (6, "a6", "")))
+    m = modules_of(SwarmView(modules={"shared": [same, *anns[1:]]}))["shared"]
+    assert (m["replicas_agree"], m["split_rounds"], m["rounds_compared"]) == (True, [], 1)
+
+
+def test_holders_left_behind_or_stalled_and_healed_splits_are_shown():
+    anns = [ann("shared", 12, "aa", A), ann("shared", 11, "bb", B), ann("shared", 8, "cc", C)]
+    view = SwarmView(modules={"shared": anns}, metrics=[
+        metrics(A, (0, 0), splits_healed=2, splits=(("shared", 6, 2), ("L0M0", 4, 1))),
+        metrics(C, (0, 1), stalled=(("shared", 5),), splits_healed=1, splits=(("shared", 6, 3),))])
+    got = summarize(SPEC, view)
+    m = {m["module"]: m for m in got["modules"]}["shared"]
+    assert m["behind"] == {C: 4} and m["stalled"] == {C: 5}
+    assert (m["splits_healed"], m["settle_rounds_max"]) == (2, 3)
+    assert got["totals"]["splits_healed"] == 3 and got["totals"]["holders_left_behind"] == 1
+
+
+def test_swarm_status_names_the_holders_left_behind():
+    from pathswarm.node.app.cli_swarm_view import left_behind
+
+    assert left_behind({"behind": {}, "stalled": {}}) == "-"
+    row = left_behind({"behind": {"QmPeerC": 4}, "stalled": {"QmPeerC": 5, "QmPeerD": 3}})
+    assert row == "QmPeerC 4 behind, QmPeerC stalled 5, QmPeerD stalled 3"  # the last 8 characters of each id

@@ -108,7 +108,8 @@ def test_a_download_with_another_reducer_list_than_the_vouched_one_is_refused(sy
     digest = state_digest(anchor, momentum, 7)
     served = {"a": ("a", "b"), "liar": ("liar", "a", "b")}  # the same state, each with its own list
 
-    async def fetch_state(peer, module, timeout_s):
+    async def fetch_state(peer, module, timeout_s, round_=-1):
+        assert round_ == 7  # the vouched round: a reducer serves it rather than the state after its newer rounds
         return OuterState(anchor.clone(), momentum.clone(), 7, served[peer])
 
     exchange.fetch_state = fetch_state  # the exchange's own download is tested end to end (tests/swarm)
@@ -122,3 +123,26 @@ def test_a_download_with_another_reducer_list_than_the_vouched_one_is_refused(sy
         assert worker.outer["shared"].round == 7 and worker.outer["shared"].reducers == ("a", "b")
     finally:
         net.stop()
+
+
+def test_a_holder_a_round_ahead_still_vouches_for_the_state_before():
+    """Issue 27: announcements name the states their holder held just before (`chain`). Tallying the current states
+    only, holders a round apart were no majority, and a node told it was behind waited 20 s and more."""
+    a = A("a", 8, "d8", "l8", ((6, "d6", "l6"), (7, "d7", "l7")))
+    b = A("b", 7, "d7", "l7", ((6, "d6", "l6"),))
+    got = vouched_state([a, b], "me", 5, HONEST)
+    assert (got.round, got.digest, got.peers, got.reducers, got.vouchers) == (7, "d7", ("b",), "l7", ("a", "b"))
+    # the newest state a majority vouches for wins; a state nobody holds any more is no download
+    c = A("c", 8, "d8", "l8", ((7, "d7", "l7"),))
+    assert vouched_state([a, b, c], "me", 5, HONEST) == Vouched(8, "d8", ("a", "c"), "l8")
+    moved = [A("a", 9, "x9", "", ((8, "d8", ""),)), A("b", 9, "y9", "", ((8, "d8", ""),))]
+    assert majority_state(moved, "me", {"a", "b"}).peers == () and vouched_state(moved, "me", 5, {"a", "b"}) is None
+    # a chain is one voice per peer: one peer naming a state twice (chain and current) still counts once
+    assert majority_state([A("a", 7, "d7", "", ((6, "d6", ""),)), A("b", 5, "d5"), A("c", 5, "d5")], "me",
+                          HONEST) == Vouched(5, "d5", ("b", "c"))
+
+
+def test_peers_we_merged_with_count_while_they_still_claim_the_module():
+    """A dead peer's last announcement outlives its claim: counted, it voted for the state it died with."""
+    assert counted_peers({"a", "dead", "me"}, {"a", "b", "me"}, "me") == {"a"}
+    assert counted_peers({"dead", "me"}, {"b", "me"}, "me") == {"dead"}  # none alive: no stranger counts for us

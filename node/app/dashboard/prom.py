@@ -102,6 +102,10 @@ def _add_module(f: _Families, m: dict) -> None:
           module=mid)
     f.add(C, "pathswarm_module_rounds_failed", "Rounds that failed for the reporting nodes.",
           m["rounds_failed"], module=mid)
+    f.add(G, "pathswarm_module_holders_left_behind", "Holders rounds behind the newest, or stalled by their own "
+          "report.", len({p for p, _ in m["left_behind"]}), module=mid)
+    f.add(G, "pathswarm_module_splits_healed", "Healed splits the holders' metrics name.", m["splits_healed"],
+          module=mid)
     if m["group_sizes"]:
         f.add(G, "pathswarm_module_group_size", "Members merged in the module's newest reported round.",
               m["group_sizes"][-1][1], module=mid)

@@ -131,7 +131,11 @@ def _module_row(m: dict, sizes: dict[int, int]) -> dict:
             "holders_at_round": number(m["holders_at_round"]), "replicas_agree": m["replicas_agree"],
             "rounds_compared": number(m["rounds_compared"]), "split_rounds": [int(r) for r in m["split_rounds"][:64]],
             "rounds_late": number(m["rounds_late"]), "rounds_failed": number(m["rounds_failed"]),
-            "group_sizes": [[r, sizes[r]] for r in sorted(sizes)]}
+            "group_sizes": [[r, sizes[r]] for r in sorted(sizes)],
+            # holders that do not keep up: [peer, "N behind" | "stalled N"], the page writes them as text
+            "left_behind": ([[text(p), f"{number(n)} behind"] for p, n in list(m["behind"].items())[:16]]
+                            + [[text(p), f"stalled {number(n)}"] for p, n in list(m["stalled"].items())[:16]]),
+            "splits_healed": number(m["splits_healed"]), "settle_rounds_max": number(m["settle_rounds_max"])}
 
 
 def node_view(status) -> dict:

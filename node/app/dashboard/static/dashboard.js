@@ -178,7 +178,11 @@ function draw(data) {
     [fmtAgree(m.replicas_agree), {"data-field": "replicas-agree", "class": m.replicas_agree === false ? "no" : ""}],
     [m.split_rounds.length ? m.split_rounds.join(", ") : "–", {"data-field": "split-rounds"}],
     [m.rounds_late, {"data-field": "late"}], [m.rounds_failed, {"data-field": "failed"}],
-    [m.group_sizes.length ? m.group_sizes[m.group_sizes.length - 1][1] : "–", {"data-field": "group"}]]));
+    [m.group_sizes.length ? m.group_sizes[m.group_sizes.length - 1][1] : "–", {"data-field": "group"}],
+    [m.left_behind.length ? m.left_behind.map(([p, what]) => p.slice(-8) + " " + what).join(", ") : "–",
+     {"data-field": "left-behind", "class": m.left_behind.length ? "no" : ""}],
+    [m.splits_healed ? m.splits_healed + " (≤ " + m.settle_rounds_max + " rounds)" : "–",
+     {"data-field": "splits-healed"}]]));
   drawChart("loss-chart", "training loss per path", "outer round", "loss",
             data.paths.filter(p => p.loss_by_round.length).map(p => ({label: "path " + p.path, points: p.loss_by_round})));
   drawChart("group-chart", "group size per module", "outer round", "members merged",
