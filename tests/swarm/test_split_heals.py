@@ -67,7 +67,7 @@ def merged_after(status: dict, mid: str, after: int) -> int:
 
 
 # Both cases are in the slow set (CI runs it after the default suite): each runs a swarm through a kill, a restart and
-# the rounds after (about a minute and a half on 2 cores), and with them the default suite took 9:56 of its 10.
+# the rounds after, and with them the default suite took 9:56 of its 10 minutes on 2 cores.
 @pytest.mark.slow
 @pytest.mark.parametrize("same_identity,hook", [(True, "exit"), (False, "exit-last")],
                          ids=["lone-holder-same-identity", "split-round-new-identity"])
