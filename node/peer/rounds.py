@@ -144,22 +144,27 @@ class Rounds:
         logger.debug("module %s round %d: %s with %d contributors (%s)", mid, result.round, result.status,
                      len(result.contributors), result.reason)
         discard = self.cfg.sync_rounds and result.reason.startswith(RANK_LOST)
-        bound = None
+        bound, mean = None, None
         if result.applicable and result.reducer and result.reducer != self.status.peer_id:
-            # Another's round is applied only within what an honest round sends (protocol/rounds/rule.py
-            # `mean_bound`): our own outer gradient and the module's momentum, before this round moves it.
-            bound = mean_bound(item.sent.delta_norm, item.sent.tokens, reference_norm(st), self.spec,
-                               len(result.contributors))
             # before settle: the round rule's history norm is the momentum's before this round's mean moves it
-            refused = self.auditor.record(mid, result, reference_norm(st), (item.sent.tokens, item.sent.frame),
-                                          self.holders.get(mid, ()), suspect=self._suspect(st, item, result))
+            reference = reference_norm(st)
+            # Another's round is applied only within what an honest round sends (protocol/rounds/rule.py
+            # `mean_bound`): our own outer gradient and the module's momentum.
+            bound = mean_bound(item.sent.delta_norm, item.sent.tokens, reference, self.spec, len(result.contributors))
+            mean = self._decoded(st, result)  # once: for the suspicion check here and for settle
+            # A mean pointing away from our own outer gradient in it (rule.py `suspicious`) is audited before applying.
+            suspect = (mean is not None and result.status.ours
+                       and suspicious(mean, st.anchor - item.sent.local_when_sent))
+            refused = self.auditor.record(mid, result, reference, (item.sent.tokens, item.sent.frame),
+                                          self.holders.get(mid, ()), suspect=suspect)
             if refused and self._retry_after_lie(mid, item, result):
                 return
             if refused:  # checked before applying, and not to be applied: the round failed for us, our steps carry
                 result = dataclasses.replace(result, status=RoundStatus.FAILED, reason=f"not applied: {refused}"[:300])
         done = settle(st, item.sent, self.worker.flat(mid), result.status, result.round,
                       result.mean_frame if result.applicable else b"", result.digest_after, self.spec.outer,
-                      codec=self.spec.codec, discard=discard, next_reducers=result.reducers, bound=bound)
+                      codec=self.spec.codec, discard=discard, next_reducers=result.reducers, bound=bound,
+                      decoded=mean)
         if done.lie:
             # As a lie caught before applying: we stop trusting the reducer and the round goes to the next candidate.
             self.exchange.distrust(result.reducer, f"its mean of {mid} round {result.round}: {done.lie}")
@@ -201,16 +206,14 @@ class Rounds:
             self._resync_later(mid, result.reducer or item.reducer)
         # "behind": the reducer re-syncs itself; our outer gradient waits for the next round
 
-    def _suspect(self, st: OuterState, item: InFlight, result: RoundReply) -> bool:
-        """Does the mean of a round that merged our outer gradient point away from it (protocol/rounds/rule.py
-        `suspicious`)? Then it is audited before it is applied."""
-        if not result.status.ours or not result.mean_frame:
-            return False
+    def _decoded(self, st: OuterState, result: RoundReply) -> torch.Tensor | None:
+        """The round's mean decoded, None when there is none or it does not decode (settling then refuses it)."""
+        if not result.mean_frame:
+            return None
         try:
-            mean = decode_mean(result.mean_frame, st.anchor.numel(), self.spec.codec)
+            return decode_mean(result.mean_frame, st.anchor.numel(), self.spec.codec)
         except RoundError:
-            return False  # settling refuses it anyway
-        return suspicious(mean, st.anchor - item.sent.local_when_sent)
+            return None
 
     def _undo_lies(self, mid: str) -> None:
         """Undo our rounds of `mid` from the round of a lie an audit proved (protocol/rounds/heal.py), keeping our

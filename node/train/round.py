@@ -124,7 +124,8 @@ class Settlement:
 
 def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, status: str, result_round: int,
            mean_frame: bytes, digest_expected: str, outer: OuterOptSpec, *, codec: CodecSpec,
-           discard: bool = False, next_reducers: tuple[str, ...] = (), bound: float | None = None) -> Settlement:
+           discard: bool = False, next_reducers: tuple[str, ...] = (), bound: float | None = None,
+           decoded: torch.Tensor | None = None) -> Settlement:
     """Settle one round of one module on a member (the rule in the module docstring).
 
     `state` is the module's outer state (left as it is: the new one is `Settlement.state`); `local_now` the local
@@ -132,11 +133,12 @@ def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, statu
     instead of carrying them (the synchronous baseline when a member died); `codec`: the spec's, whose mean codec
     the result is decoded with; `next_reducers`: who reduces the next
     round, as the result names them (protocol/rounds/reducers.py), kept with the state when the mean is applied;
-    `bound`: the largest mean norm to apply (protocol/rounds/rule.py `mean_bound`; None: no bound, our own round)."""
+    `bound`: the largest mean norm to apply (protocol/rounds/rule.py `mean_bound`; None: no bound, our own round);
+    `decoded`: `mean_frame` already decoded by `decode_mean` (the node decodes it once for its checks)."""
     reason = f"status {status}"
     if status in APPLIED and mean_frame and result_round == state.round == sent.round:
         try:
-            mean = decode_mean(mean_frame, state.anchor.numel(), codec)
+            mean = decoded if decoded is not None else decode_mean(mean_frame, state.anchor.numel(), codec)
         except RoundError as e:
             reason = f"bad mean from the reducer: {e}"
         else:
