@@ -126,11 +126,16 @@ def test_a_split_by_a_reducer_dying_while_replying_settles_within_three_rounds(t
     # The split happened and was healed (a lone holder that went back records it too, though the round it redid
     # then overwrote its history's digest), and its work is counted as discarded, per module.
     assert heals, ([str(s) for s in check.splits], [st["split_discarded"] for st in final.values()])
+    # A holder of the losing version need not have merged tokens into it (the restarted reducer may have applied the
+    # lone member's mean without its own frame in it: late, its Δ carried), but some holder of it did.
+    merged_lost: dict[str, int] = {}
     for st in final.values():
         assert st["splits_healed"] >= len(st["heals"])
         for mid, first_round, rounds in st["heals"]:
-            merged, _, lost_rounds = st["split_discarded"][mid]
-            assert lost_rounds >= rounds and merged > 0, (st["peer_id"][-8:], mid, st["split_discarded"])
+            assert st["split_discarded"][mid][2] >= rounds, (st["peer_id"][-8:], mid, st["split_discarded"])
             assert KILL_ROUND < first_round <= KILL_ROUND + SETTLE_ROUNDS, st["heals"]
+        for mid, (merged, _, _) in st["split_discarded"].items():
+            merged_lost[mid] = merged_lost.get(mid, 0) + merged
         if "shared" in st["split_discarded"]:
             assert st["tokens_discarded"] >= st["split_discarded"]["shared"][0]
+    assert all(merged_lost.get(mid, 0) > 0 for mid, _, _ in heals), [st["split_discarded"] for st in final.values()]
