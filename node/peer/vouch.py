@@ -100,12 +100,17 @@ def counted_peers(merged_with: Iterable[str], claim_holders: Iterable[str], me: 
                   distrusted: Iterable[str] = ()) -> set[str]:
     """The peers whose announcements count: those we merged rounds with that still claim the module (a dead peer's
     last announcement outlives its claim by minutes: counted, it voted for the state it died with, and a restarted
-    reducer with a new identity left no majority to the others until it expired, issue 27); all of them when none
-    still claims it (nobody new counts for a node with history before it merged with it); with no history, the
-    claims' holders. Never a peer we caught lying (node/peer/audit.py), whose own replicas it may have made agree
-    with it."""
+    reducer with a new identity left no majority to the others until it expired, issue 27); when none of them still
+    claims it, or with no history, the claims' holders, as a joiner counts them; the peers we merged with only when
+    nobody claims the module at all. Never a peer we caught lying (node/peer/audit.py), whose own replicas it may
+    have made agree with it.
+
+    Why the claims' holders once everyone we merged with is gone: a node whose only merged peer died (it applied a
+    mean that peer reduced alone) kept counting that peer's last announcement, which named its own state, and so
+    answered every "out of sync" with "keeping ours" while the live holders went on without it, for good
+    (benchmarks/restarts.py --kill replying, issue 27). Strangers then count for us as they count for a joiner."""
     merged, holders = set(merged_with) - {me}, set(claim_holders) - {me}
-    out = merged & holders or merged or holders
+    out = merged & holders or holders or merged
     return out - set(distrusted)
 
 

@@ -20,12 +20,13 @@ from collections.abc import Sequence
 
 import hivemind
 from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import RecordValidatorBase
 from multiaddr import Multiaddr
 
 from pathswarm.protocol.net.identity import generate_identity, load_identity
 from pathswarm.protocol.net.swarm_net import SwarmNet
-from pathswarm.protocol.net.validator import SwarmRecordValidator
+from pathswarm.protocol.net.validator import SwarmRecordValidator, peer_id_of_owner
 from pathswarm.protocol.spec import SwarmSpec
 
 LOOPBACK_MADDRS = ("/ip4/127.0.0.1/tcp/0",)
@@ -168,6 +169,7 @@ def _start(
             generate_identity(path)  # an RSA key in libp2p's protobuf form, mode 0400
         private_key = load_identity(path)
         validators: list[RecordValidatorBase] = [RSASignatureValidator(private_key)]
+        owner = validators[0].local_public_key
         if spec is not None:
             validators.append(SwarmRecordValidator(spec))
         dht = ParentBoundDHT(
@@ -189,16 +191,29 @@ def _start(
             nat_port_map=False,
             use_ipfs=False,
             await_ready=False,
+            node_id=dht_node_id(owner),
         )
         try:
             dht.wait_until_ready(timeout=startup_timeout_s)  # p2pd has read the identity file by now
         except BaseException:
             dht.shutdown()
             raise
-    owner = RSASignatureValidator(private_key).local_public_key
     net = SwarmNet(dht, owner, dht.peer_id.to_base58(), membership)
     net.client_mode = client_mode
     return net
+
+
+def dht_node_id(owner: bytes) -> DHTID | None:
+    """The DHT node id of a peer: derived from its peer id, so that a node restarted with the same identity keeps it.
+
+    hivemind draws a random node id per start. Peers then kept the dead run's node id in their routing tables next
+    to the new one, both pointing at the same peer id: a store went to the restarted process twice, the second copy
+    (same expiration) was refused as "not newer", and hivemind reported the whole store as failed although it was
+    stored (every record of every peer whose key lay near the restarted node's ids, for as long as the stale entry
+    lived). One node id per identity replaces the stale entry instead. It gives an attacker nothing: placing a
+    node id near a key now means grinding RSA keys, where hivemind lets a peer pick any id."""
+    peer_id = peer_id_of_owner(owner)
+    return None if peer_id is None else DHTID.generate(source=f"pathswarm-dht-node:{peer_id}".encode())
 
 
 PARENT_POLL_S = 0.5  # how often the DHT process checks that the process that started it is alive

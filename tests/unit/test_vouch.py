@@ -145,4 +145,9 @@ def test_a_holder_a_round_ahead_still_vouches_for_the_state_before():
 def test_peers_we_merged_with_count_while_they_still_claim_the_module():
     """A dead peer's last announcement outlives its claim: counted, it voted for the state it died with."""
     assert counted_peers({"a", "dead", "me"}, {"a", "b", "me"}, "me") == {"a"}
-    assert counted_peers({"dead", "me"}, {"b", "me"}, "me") == {"dead"}  # none alive: no stranger counts for us
+    # none of them alive: the claims' holders count, as for a joiner; the dead one's stale announcement (our own state)
+    # kept us on it for good while the live holders moved on
+    assert counted_peers({"dead", "me"}, {"b", "c", "me"}, "me") == {"b", "c"}
+    stale, live = A("dead", 40, "d40"), [A("b", 52, "d52", "", ((51, "d51", ""),)), A("c", 52, "d52")]
+    assert vouched_state([stale, *live], "me", 40, counted_peers({"dead"}, {"b", "c"}, "me")).round == 52
+    assert counted_peers({"dead", "me"}, {"me"}, "me") == {"dead"}  # nobody claims it: what we knew is all there is
