@@ -116,6 +116,31 @@ def ahead_alone(my_round: int, my_digest: str, me: str, announced: Iterable[Anno
     return got
 
 
+class AheadWait:
+    """How long we have been ahead alone of the same older majority state, per module: `due` once it held for
+    `patience_s` (a group a moment behind us announces such a state too, and moves on from it).
+
+    Keyed on the majority's state only, whatever ours does: a node ahead alone goes on reducing rounds alone, one
+    every few seconds, and keyed on our own state too the wait restarted with each of them and never ended
+    (benchmarks/restarts.py --kill replying: one node 31 rounds ahead of the other two, for good)."""
+
+    def __init__(self, patience_s: float):
+        self.patience_s = patience_s
+        self._since: dict[str, tuple[tuple[int, str], float]] = {}
+
+    def due(self, mid: str, back: Vouched | None, now: float) -> bool:
+        """`back`: the state `ahead_alone` found for `mid` now (None: we are not ahead alone, the wait ends)."""
+        if back is None:
+            self._since.pop(mid, None)
+            return False
+        key = (back.round, back.digest)
+        seen = self._since.get(mid)
+        if seen is None or seen[0] != key:
+            self._since[mid] = (key, now)
+            return False
+        return now - seen[1] >= self.patience_s
+
+
 class SplitWatch:
     """Split verdicts found on the chores thread, handed to the training thread; each (module, round, our state)
     once."""
@@ -163,10 +188,7 @@ class Splits:
         self.worker, self.sync, self.rounds, self.exchange, self.status = worker, sync, rounds, exchange, status
         self.holders = holders
         self.watch = SplitWatch()
-        self._ahead: dict[str, tuple[tuple[int, str, int, str], float]] = {}
-        """Module → ((their round, digest, our round, digest), since when) while a majority held an older state and we
-        were ahead alone: gone back to once the same held for AHEAD_PATIENCE_GRACES grace windows (a group a moment
-        behind us announces it too; a state of ours reached since, a heal for one, starts the wait anew)."""
+        self._ahead = AheadWait(AHEAD_PATIENCE_GRACES * sync.spec.averaging.grace_s)
 
     def look(self) -> None:
         """Chores thread: compare our modules' digests with those their other holders announce."""
@@ -186,15 +208,7 @@ class Splits:
     def _ahead_for(self, mid: str, my_round: int, digest: str, me: str, announced: list[Announced],
                    counted: set[str]) -> Heal | None:
         back = ahead_alone(my_round, digest, me, announced, counted)
-        if back is None:
-            self._ahead.pop(mid, None)
-            return None
-        now, key = time.monotonic(), (back.round, back.digest, my_round, digest)
-        seen = self._ahead.get(mid)
-        if seen is None or seen[0] != key:
-            self._ahead[mid] = (key, now)
-            return None
-        if now - seen[1] < AHEAD_PATIENCE_GRACES * self.sync.spec.averaging.grace_s:
+        if not self._ahead.due(mid, back, time.monotonic()) or back is None:
             return None
         return Heal(mid, back.round + 1, back.peers[0], back.digest, digest, (my_round, digest), back)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pathswarm.node.peer.splits import SplitWatch, lost_since, split_verdict
+from pathswarm.node.peer.splits import AheadWait, SplitWatch, lost_since, split_verdict
 from pathswarm.node.peer.vouch import Announced as A
 from pathswarm.protocol.rounds.reducers import (
     Stance,
@@ -111,6 +111,22 @@ def test_a_minority_ahead_goes_back_to_the_majoritys_older_state():
     assert ahead_alone(5, "b5", "b", others, {"a", "c"}) is None
     # uncounted ids decide nothing
     assert ahead_alone(6, "b6", "b", [A("x", 5, "f5"), A("y", 5, "f5")], {"a", "c"}) is None
+
+
+def test_a_node_ahead_alone_goes_back_after_the_patience_though_it_reduces_a_round_alone_every_2_s():
+    """The wait is keyed on the majority's state: keyed on ours too, it restarted with each round the node reduced
+    alone and never ended (benchmarks/restarts.py --kill replying)."""
+    from pathswarm.node.peer.splits import ahead_alone
+
+    wait, others = AheadWait(6.0), [A("a", 33, "d33"), A("c", 33, "d33")]
+    due = [wait.due("shared", ahead_alone(34 + t // 2, f"b{t}", "b", others, {"a", "c"}), float(t))
+           for t in range(0, 10, 2)]
+    assert due == [False, False, False, True, True]  # 6 s after the first look, our rounds 34..38 notwithstanding
+    # the majority moving on (a group a moment behind us) starts the wait anew; not being ahead alone ends it
+    assert not wait.due("shared", ahead_alone(40, "b40", "b", [A("a", 34, "d34"), A("c", 34, "d34")], {"a", "c"}), 9.0)
+    assert not wait.due("shared", None, 20.0) and not wait.due("shared", ahead_alone(40, "b", "b", others, {"a", "c"}),
+                                                               21.0)
+    assert wait.due("shared", ahead_alone(41, "b", "b", others, {"a", "c"}), 27.0)
 
 
 def test_a_heal_is_keyed_by_our_state_so_a_failed_one_is_tried_again_once_it_moved():
