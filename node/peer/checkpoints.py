@@ -6,6 +6,7 @@ later one: node/peer/status.py `write_status`)."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from pathswarm.node.peer.config import NodeConfig, NodeStatus
 from pathswarm.node.peer.counters import Counts
@@ -32,7 +33,10 @@ class Checkpoints:
             try:
                 self._loaded = load_checkpoint(self.cfg.checkpoint_dir, self.spec)
             except CheckpointError as e:
-                logger.info("no usable checkpoint (%s)", e)
+                # None yet is a first start; anything else (every round damaged, another swarm's) is worth a look
+                first_start = not Path(self.cfg.checkpoint_dir).exists()
+                logger.log(logging.INFO if first_start else logging.WARNING,
+                           "no usable checkpoint (%s)%s", e, "" if first_start else "; starting without it")
                 self._loaded = False
         return self._loaded or None
 

@@ -7,10 +7,13 @@ Layout under a checkpoint root:
     ROOT/round-000012/L0M1.safetensors   the module's weights by name + its outer momentum
     ROOT/LATEST                          name of the newest complete round directory
 
-A round directory is written under a temporary name, every file fsync'ed, then renamed into place;
-LATEST is replaced the same way. A kill at any moment leaves the previous complete round readable.
-Loading checks the manifest against the spec (swarm id, module ids, shapes) and the file hashes,
-and fails with a `CheckpointError` that says what is wrong.
+A round directory is written under a temporary name, every file fsync'ed, then renamed into place, its files
+hashed again against the manifest, and only then LATEST replaced (the same way) and older rounds pruned: a kill at
+any moment, or a round that does not read back, leaves the previous complete round readable and named.
+Loading checks the manifest against the spec (swarm id, module ids, shapes) and the file hashes, and fails with a
+`CheckpointError` that says what is wrong. Loaded by its root, a damaged newest round (a truncated or missing file,
+a bad manifest, LATEST naming a round that is not there) falls back to the newest intact one, with a WARN that names
+the bad file; a round directory named by the caller is loaded as it is.
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ MAX_REDUCERS = 64  # reducer candidates a checkpoint or a peer may name (protoco
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete, corrupt or belongs to another swarm."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A round's files are damaged: a file missing, truncated or changed, or its manifest unreadable or malformed.
+    (Not a spec mismatch, which every round of the same checkpoint shares.)"""
 
 
 @dataclass
@@ -121,9 +129,22 @@ def _write_round(root: Path, spec: SwarmSpec, round_: int, modules: dict[str, Mo
         shutil.rmtree(final)
     os.replace(tmp, final)
     fsync_dir(root)
+    try:
+        _verify_round(final, manifest)
+    except CorruptCheckpointError as e:  # LATEST still names the last round that read back; nothing is pruned
+        shutil.rmtree(final, ignore_errors=True)
+        raise OSError(f"the round just written does not read back: {e}") from None
     write_text_atomic(root / "LATEST", name + "\n", durable=True)
     _prune(root, keep=KEEP_ROUNDS, current=final)
     return final
+
+
+def _verify_round(d: Path, manifest: dict[str, Any]) -> None:
+    """Every module file of a round as its manifest hashes it (read back from the disk, before older rounds go)."""
+    for entry in manifest["modules"].values():
+        path = d / entry["file"]
+        if not path.is_file() or _sha256_file(path) != entry["sha256"]:
+            raise CorruptCheckpointError(f"{path}: missing or not as written")
 
 
 def _complete_rounds(root: Path) -> list[Path]:
@@ -162,24 +183,47 @@ def resolve_checkpoint_dir(path: str | Path) -> Path:
         raise CheckpointError(f"{p}: LATEST names {target.name}, which has no manifest.json")
     if not p.exists():
         raise CheckpointError(f"{p}: checkpoint directory not found")
+    if p.is_dir() and (rounds := _complete_rounds(p)):
+        logger.warning("%s: no LATEST file; using %s, the newest complete round", p, rounds[-1].name)
+        return rounds[-1]
     raise CheckpointError(f"{p}: no manifest.json and no LATEST file; not a pathswarm checkpoint")
 
 
 def load_checkpoint(path: str | Path, spec: SwarmSpec, module_ids: list[str] | None = None) -> Checkpoint:
-    """Load and validate a checkpoint against the spec (all its modules, or only `module_ids`)."""
-    d = resolve_checkpoint_dir(path)
+    """Load and validate a checkpoint against the spec (all its modules, or only `module_ids`). A root whose newest
+    round is damaged gives the newest intact round instead (a WARN names the damage); a round directory is loaded as
+    it is. Raises the newest round's error when no round is intact."""
+    root = Path(path)
+    first = resolve_checkpoint_dir(root)
+    if first == root:
+        return _load_round(first, spec, module_ids)
+    damaged: list[CorruptCheckpointError] = []
+    for d in [first, *[r for r in reversed(_complete_rounds(root)) if r != first]]:
+        try:
+            ckpt = _load_round(d, spec, module_ids)
+        except CorruptCheckpointError as e:
+            damaged.append(e)
+            continue
+        if damaged:
+            logger.warning("%s; using %s, the newest intact round", "; ".join(map(str, damaged)), d.name)
+        return ckpt
+    raise damaged[0]
+
+
+def _load_round(d: Path, spec: SwarmSpec, module_ids: list[str] | None) -> Checkpoint:
     try:
         manifest = json.loads((d / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"{d}/manifest.json: unreadable ({e})") from None
+        raise CorruptCheckpointError(f"{d}/manifest.json: unreadable ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{d}/manifest.json: unsupported format {manifest.get('format')!r}")
+        raise CorruptCheckpointError(f"{d}/manifest.json: unsupported format "
+                                     f"{manifest.get('format') if isinstance(manifest, dict) else manifest!r}")
     if manifest.get("swarm_id") != spec.swarm_id:
         raise CheckpointError(f"{d}: checkpoint belongs to swarm {str(manifest.get('swarm_id'))[:12]}…, "
                               f"but the spec's swarm id is {spec.swarm_id[:12]}…")
     entries = manifest.get("modules")
-    if not isinstance(entries, dict):
-        raise CheckpointError(f"{d}/manifest.json: 'modules' must be a table")
+    if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
+        raise CorruptCheckpointError(f"{d}/manifest.json: 'modules' must be a table of tables")
     wanted = module_ids if module_ids is not None else sorted(entries)
     modules: dict[str, ModuleState] = {}
     for mid in wanted:
@@ -196,13 +240,13 @@ def load_checkpoint(path: str | Path, spec: SwarmSpec, module_ids: list[str] | N
 def _load_module(d: Path, spec: SwarmSpec, mid: str, entry: dict) -> ModuleState:
     path = d / str(entry.get("file", ""))
     if not path.is_file() or path.parent != d:
-        raise CheckpointError(f"{d}: module {mid}'s file {entry.get('file')!r} is missing")
+        raise CorruptCheckpointError(f"{d}: module {mid}'s file {entry.get('file')!r} is missing")
     if _sha256_file(path) != entry.get("sha256"):
-        raise CheckpointError(f"{path}: file hash does not match the manifest (corrupt or modified)")
+        raise CorruptCheckpointError(f"{path}: file hash does not match the manifest (corrupt or modified)")
     try:
         tensors = load_file(str(path))
     except Exception as e:  # safetensors raises several types for a damaged file
-        raise CheckpointError(f"{path}: unreadable ({e})") from None
+        raise CorruptCheckpointError(f"{path}: unreadable ({e})") from None
     momentum = tensors.pop(MOMENTUM_KEY, None)
     expected = new_module(spec, mid).state_dict()
     if set(tensors) != set(expected):
@@ -214,10 +258,10 @@ def _load_module(d: Path, spec: SwarmSpec, mid: str, entry: dict) -> ModuleState
     weights = {k: tensors[k] for k in expected}
     numel = sum(v.numel() for v in weights.values())
     if momentum is None or momentum.numel() != numel:
-        raise CheckpointError(f"{path}: outer momentum missing or of the wrong size")
+        raise CorruptCheckpointError(f"{path}: outer momentum missing or of the wrong size")
     reducers = entry.get("reducers", [])
     if not (isinstance(reducers, list) and len(reducers) <= MAX_REDUCERS
             and all(isinstance(p, str) and 0 < len(p) <= 128 for p in reducers)):
-        raise CheckpointError(f"{d}/manifest.json: module {mid}'s reducers must be a list of peer ids")
+        raise CorruptCheckpointError(f"{d}/manifest.json: module {mid}'s reducers must be a list of peer ids")
     return ModuleState(weights=weights, momentum=momentum.reshape(-1), round=int(entry.get("round", 0)),
                        reducers=tuple(reducers))

@@ -178,3 +178,80 @@ def test_a_resuming_node_takes_back_the_path_its_checkpoint_holds(tmp_path):
     partial = {mid: st for mid, st in states(SPEC, 2).items() if mid != "shared"}
     save_checkpoint(tmp_path / "partial", SPEC, 2, partial)
     assert Node(NodeConfig(spec=SPEC, checkpoint_dir=str(tmp_path / "partial"))).checkpoints.path_held() is None
+
+
+def damage(kind: str, d) -> str:
+    """Damage round directory `d` as a crash or a failing disk would; returns the name the WARN must give."""
+    f = d / "L1M1.safetensors"
+    if kind == "truncated":
+        f.write_bytes(f.read_bytes()[:100])
+        return f.name
+    if kind == "missing":
+        f.unlink()
+        return f.name
+    if kind == "bad manifest":
+        (d / "manifest.json").write_text('{"format": 1, "swarm_id": ')
+        return "manifest.json"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["truncated", "missing", "bad manifest"])
+def test_a_damaged_latest_round_falls_back_to_the_newest_intact_one_and_keeps_it(tmp_path, kind, caplog):
+    """Issue 32: one truncated file in round-000004 made the node start from the seed, and the rounds it then wrote
+    pruned the intact round-000003."""
+    for r in (3, 4):
+        save_checkpoint(tmp_path, SPEC, r, states(SPEC, r))
+    bad = damage(kind, tmp_path / "round-000004")
+    with caplog.at_level("WARNING", logger="pathswarm.node.train.checkpoint"):
+        ckpt = load_checkpoint(tmp_path, SPEC)
+    assert ckpt.round == 3 and ckpt.directory.name == "round-000003"
+    assert torch.equal(ckpt.modules["L1M1"].momentum, states(SPEC, 3)["L1M1"].momentum)
+    assert any(bad in r.message and "round-000003" in r.message for r in caplog.records), caplog.text
+    # the node goes on from round 3 and writes round 4 again: both intact rounds are there, none was lost
+    save_checkpoint(tmp_path, SPEC, 4, states(SPEC, 4, scale=2.0))
+    assert round_dirs(tmp_path) == ["round-000003", "round-000004"]
+    assert load_checkpoint(tmp_path / "round-000003", SPEC).round == 3
+    assert load_checkpoint(tmp_path, SPEC).round == 4
+    # a round directory named by the caller is loaded as it is: its damage is an error, not a fallback
+    damage(kind, tmp_path / "round-000004")
+    with pytest.raises(CheckpointError, match="L1M1|manifest"):
+        load_checkpoint(tmp_path / "round-000004", SPEC)
+
+
+def test_latest_naming_a_missing_round_or_missing_itself_falls_back(tmp_path, caplog):
+    for r in (3, 4):
+        save_checkpoint(tmp_path, SPEC, r, states(SPEC, r))
+    (tmp_path / "LATEST").write_text("round-000007\n")
+    with caplog.at_level("WARNING", logger="pathswarm.node.train.checkpoint"):
+        assert load_checkpoint(tmp_path, SPEC).round == 4
+    assert "round-000007" in caplog.text
+    (tmp_path / "LATEST").unlink()
+    assert load_checkpoint(tmp_path, SPEC).round == 4
+
+
+def test_when_every_round_is_damaged_the_newest_rounds_error_is_raised(tmp_path):
+    for r in (3, 4):
+        save_checkpoint(tmp_path, SPEC, r, states(SPEC, r))
+    damage("truncated", tmp_path / "round-000003")
+    damage("missing", tmp_path / "round-000004")
+    with pytest.raises(CheckpointError, match="round-000004.*missing"):
+        load_checkpoint(tmp_path, SPEC)
+
+
+def test_a_round_that_does_not_read_back_is_not_named_and_prunes_nothing(tmp_path, monkeypatch):
+    from pathswarm.node.train import checkpoint
+
+    for r in (1, 2):
+        save_checkpoint(tmp_path, SPEC, r, states(SPEC, r))
+    real_fsync_dir = checkpoint.fsync_dir
+
+    def lossy_disk(root):  # the round is in place; one of its files did not reach the disk whole
+        real_fsync_dir(root)
+        f = root / "round-000003" / "shared.safetensors"
+        f.write_bytes(f.read_bytes()[:-8])
+
+    monkeypatch.setattr(checkpoint, "fsync_dir", lossy_disk)
+    with pytest.raises(OSError, match="does not read back"):
+        save_checkpoint(tmp_path, SPEC, 3, states(SPEC, 3))
+    assert round_dirs(tmp_path) == ["round-000001", "round-000002"]
+    assert (tmp_path / "LATEST").read_text().strip() == "round-000002"
