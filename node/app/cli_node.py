@@ -44,8 +44,9 @@ def node_id(identity: str | None) -> None:
 @click.option("--initial-peer", "initial_peers", multiple=True, help="A peer of the swarm (with --join).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where the node would train: its memory is the budget unless --vram says otherwise.")
-@click.option("--vram", default=None, help="Memory budget for training, e.g. 8GB (default: the device's total "
-                                          "memory for cuda, the available RAM for cpu).")
+@click.option("--vram", default=None, help="Memory budget for training, e.g. 8GiB or 8GB (GB = 10^9 bytes, GiB = "
+                                          "2^30; default: the device's total memory for cuda, the available RAM for "
+                                          "cpu).")
 @friendly
 def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, ...], device: str,
               vram: str | None) -> None:
@@ -55,10 +56,10 @@ def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[s
     Per path: fp32 weights and gradients, the inner optimizer's state (AdamW, AdamW8bit), the activations kept for
     the backward pass at the spec's context (counted on PyTorch's meta device: nothing is allocated), the peak of a
     training step, and the outer state in host memory. Then, for each optimizer, the largest micro-batch that fits
-    in 90 % of the budget (gradients accumulated over the spec's batch).
+    in 90 % of the budget (gradients accumulated over the spec's batch). Exits 1 when nothing fits.
 
     \b
-    pathswarm node plan --swarm swarm.toml --device cuda --vram 8GB
+    pathswarm node plan --swarm swarm.toml --device cuda --vram 8GiB
     """
     from pathswarm.node.train.memory import device_budget, fits, parse_bytes, plan_path
 
@@ -85,7 +86,7 @@ def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[s
             ("host memory", f"{mb(m.host_bytes)} (outer state: anchor, momentum, feedback, a round in flight)")]
     for name, value in rows:
         click.echo(f"  {name:20s} {value}")
-    click.echo(f"budget {mb(budget)} on {device} (90 % usable):")
+    click.echo(f"budget {mb(budget)} ({budget / 1e9:,.2f} GB) on {device} (90 % usable):")
     found = fits(m, batch, budget)
     for f in found:
         how = "the whole batch at once" if f.accumulation == 1 else f"{f.accumulation} micro-batches accumulated"
@@ -94,6 +95,7 @@ def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[s
     if not found:
         click.echo("  nothing fits, even one sequence per micro-batch with checkpointing and 8-bit state: choose a "
                    "smaller spec (width, layers per module, context) or a device with more memory")
+        raise SystemExit(1)
 
 
 @node.command("run")

@@ -167,10 +167,12 @@ def fits(memory: PathMemory, batch: int, budget: int, headroom: float = 0.9) -> 
 
 
 def parse_bytes(text: str) -> int:
-    """'8GB', '12 GiB', '512MB', '1e9' → bytes (GB and GiB both mean 2^30 here, as GPU vendors' cards are sized)."""
+    """'8GB', '12 GiB', '512MB', '1e9' → bytes: GB, MB, KB, TB are powers of 10 (8GB = 8·10^9), GiB, MiB, KiB, TiB
+    and the bare G, M, K, T powers of 2 (8GiB = 8·2^30), as `nvidia-smi` (MiB) and disk makers (GB) write them.
+    (GB once meant 2^30 here too: a budget of "8GB" was 7 % larger than the 8·10^9 bytes asked for.)"""
     t = text.strip().upper().replace(" ", "")
-    units = {"TIB": 1 << 40, "TB": 1 << 40, "GIB": 1 << 30, "GB": 1 << 30, "G": 1 << 30, "MIB": 1 << 20,
-             "MB": 1 << 20, "M": 1 << 20, "KIB": 1 << 10, "KB": 1 << 10, "B": 1}
+    units = {"TIB": 1 << 40, "TB": 10**12, "T": 1 << 40, "GIB": 1 << 30, "GB": 10**9, "G": 1 << 30,
+             "MIB": 1 << 20, "MB": 10**6, "M": 1 << 20, "KIB": 1 << 10, "KB": 10**3, "K": 1 << 10, "B": 1}
     unit = next((u for u in units if t.endswith(u)), "")
     number, scale = (t[:-len(unit)], units[unit]) if unit else (t, 1)
     try:

@@ -62,8 +62,8 @@ def test_the_largest_micro_batch_that_fits_is_chosen():
 
 
 def test_sizes_parse_and_nonsense_is_refused():
-    assert parse_bytes("8GB") == parse_bytes("8 GiB") == 8 << 30
-    assert parse_bytes("512MB") == 512 << 20 and parse_bytes("1e9") == 10**9
+    assert parse_bytes("8 GiB") == parse_bytes("8g") == 8 << 30 and parse_bytes("8GB") == 8 * 10**9
+    assert parse_bytes("512MiB") == 512 << 20 and parse_bytes("512MB") == 512 * 10**6 and parse_bytes("1e9") == 10**9
     for bad in ("lots", "-1GB", "0", "infGB"):
         with pytest.raises(ValueError):
             parse_bytes(bad)
@@ -146,3 +146,22 @@ def test_a_worker_is_fitted_to_its_device_or_refused_with_the_figures(monkeypatc
     monkeypatch.setattr(memory, "device_budget", lambda device: 20 << 20)
     with pytest.raises(ValueError, match="GiB with adamw at one sequence per micro-batch"):
         memory.fit_to_device(worker, "cuda")
+
+
+def test_node_plan_exits_1_when_nothing_fits_and_states_the_budget_in_both_units(tmp_path):
+    from click.testing import CliRunner
+
+    from pathswarm.node.app.cli import main
+    from pathswarm.node.app.swarm_init import init_spec
+    from pathswarm.node.model.data import synthetic_corpus
+
+    spec_path = tmp_path / "swarm.toml"
+    spec_path.write_text(init_spec(SwarmSpec(model=ModelSpec(width=64, context_len=16)),
+                                   synthetic_corpus(100, seed=0)).to_toml())
+    small = CliRunner().invoke(main, ["node", "plan", "--swarm", str(spec_path), "--vram", "1MB"])
+    assert small.exit_code == 1, small.output
+    assert "nothing fits" in small.output and "budget 976.6 KiB" not in small.output
+    assert "(0.00 GB)" in small.output  # 10^6 bytes: a GB is 10^9 (it was read as a MiB)
+    big = CliRunner().invoke(main, ["node", "plan", "--swarm", str(spec_path), "--vram", "8GiB"])
+    assert big.exit_code == 0, big.output
+    assert "budget 8.00 GiB (8.59 GB)" in big.output and "micro-batch" in big.output
