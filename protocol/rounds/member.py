@@ -49,10 +49,15 @@ class Member:
 
     def _note_sent(self, module: str, round_: int, own: tuple[int, str]) -> set[tuple[int, str]]:
         rounds = self.sent.setdefault(module, {})
-        rounds.setdefault(round_, set()).add(own)
-        for old in sorted(rounds)[:-RESULTS_KEPT]:
+        sent = rounds.setdefault(round_, set())
+        sent.add(own)
+        # Keep this round and the newest others. Not the newest RESULTS_KEPT overall: a node that went back to an
+        # older state (a heal, a re-sync) sends a round below those it sent, and pruning it at once ended the node
+        # with a KeyError (benchmarks/restarts.py --kill replying).
+        others = sorted(r for r in rounds if r != round_)
+        for old in others[:max(0, len(others) - (RESULTS_KEPT - 1))]:
             del rounds[old]
-        return rounds[round_]
+        return sent
 
     async def contribute(self, candidates: list[str], module: str, round_: int, tokens: int, digest: str,
                          frame: bytes, timeout_s: float, after_lie: bool = False) -> RoundReply:
