@@ -101,6 +101,10 @@ def _check_addresses(initial_peers: list[str], host: list[str], announce: list[s
     """Refuse what is not a multiaddr before p2pd sees it (one of them once made the start hang for 30 s)."""
     for option, maddrs in (("--initial-peer", initial_peers), ("--host-maddr", host), ("--announce-maddr", announce)):
         for text in maddrs:
+            if not text.strip():  # `--initial-peer ""` (an unset shell variable): say so, not "not a multiaddr"
+                raise BadAddressError(f"{option} is empty: give a multiaddr such as /ip4/203.0.113.7/tcp/31337"
+                                      + ("/p2p/<peer id>, as the peer printed it" if option == "--initial-peer"
+                                         else ""))
             try:
                 maddr = Multiaddr(text)
             except Exception as e:  # multiaddr's parse errors
@@ -133,9 +137,11 @@ def _start_error(e: Exception, initial_peers: list[str], host: list[str], waited
     if "failed to parse multiaddr" in low or "invalid p2p multiaddr" in low or "announce_maddrs" in low:
         return BadAddressError(f"bad address: {detail}")
     if initial_peers and (isinstance(e, TimeoutError) or "bootstrap" in low or "initial" in low or "connect" in low):
-        return NoPeerAnsweredError(f"none of the initial peers answered within {waited_s:.0f} s (tried "
-                                   f"{', '.join(initial_peers)}); check that a peer runs there, that the address "
-                                   "(including its /p2p/ id) is current, and that no firewall blocks it")
+        # A refusal comes back at once ("within 0 s" read as if we had not waited); silence takes the whole timeout.
+        how = ("no initial peer could be reached: the connection failed at once" if waited_s < 1
+               else f"none of the initial peers answered within {waited_s:.0f} s")
+        return NoPeerAnsweredError(f"{how} (tried {', '.join(initial_peers)}); check that a peer runs there, that "
+                                   "the address (including its /p2p/ id) is current, and that no firewall blocks it")
     if isinstance(e, TimeoutError):
         return DaemonStartError(f"the DHT peer did not start within {waited_s:.0f} s")
     return DaemonStartError(f"the DHT peer did not start: {detail}")
