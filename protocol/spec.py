@@ -136,7 +136,12 @@ class SwarmSpec:
 
     def check_path(self, path: tuple[int, ...]) -> None:
         if len(path) != len(self.levels) or any(not 0 <= m < k for m, k in zip(path, self.levels, strict=False)):
-            raise ValueError(f"path {path} does not fit levels {list(self.levels)}")
+            if self.n_paths <= 16:
+                valid = "the valid paths are " + ", ".join(format_path(self.path_of_index(i))
+                                                            for i in range(self.n_paths))
+            else:
+                valid = "a path takes one index per level, level i's from 0 to its size − 1"
+            raise ValueError(f"path {format_path(path)} does not fit levels {list(self.levels)}: {valid}")
 
     def module_ids(self, path: tuple[int, ...]) -> list[str]:
         """Module ids a path holds: 'shared' then one 'L{level}M{module}' per level."""

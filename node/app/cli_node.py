@@ -189,6 +189,12 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
         if not value >= 0 or value == float("inf"):
             raise click.BadParameter("must be a finite number >= 0", param_hint=hint)
     spec, initial_peers = resolve_swarm(spec_path, join_id, tuple(initial_peers))
+    if path != "auto":  # before the DHT starts: a wrong path used to be refused some 17 s later
+        from pathswarm.protocol.spec import parse_path
+        try:
+            parse_path(path, spec)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--path") from None
     identity_path, membership = resolve_identity(identity, membership_file, spec)
     from pathswarm.node.peer.node import Node, NodeConfig
 

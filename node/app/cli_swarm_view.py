@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pathswarm.node.app.cli_common import friendly, write_json
-from pathswarm.node.app.fmt import plot_path_history
+from pathswarm.node.app.fmt import count, plot_path_history
 from pathswarm.node.peer.joining import resolve_swarm
 from pathswarm.protocol.spec import SwarmSpec
 
@@ -62,11 +62,11 @@ def swarm_status(spec_path: str | None, join_id: str | None, initial_peers: tupl
             m["replicas_agree"]]
         t.add_row(m["module"], str(m["round"] if m["round"] is not None else "-"), str(m["holders"]),
                   str(m["holders_at_round"]), agree, left_behind(m),
-                  f"{m['splits_healed']} (≤ {m['settle_rounds_max']} rounds)" if m["splits_healed"] else "-")
+                  f"{m['splits_healed']} (≤ {count(m['settle_rounds_max'], 'round')})" if m["splits_healed"] else "-")
     console.print(t)
     tot = summary["totals"]
     unknown = tot["nodes_reporting"] - tot["nodes_reachable"] - tot["nodes_behind_nat"]
-    console.print(f"{tot['nodes']} nodes · {tot['paths_served']}/{spec.n_paths} paths served · "
+    console.print(f"{count(tot['nodes'], 'node')} · {tot['paths_served']}/{spec.n_paths} paths served · "
                   f"{tot['tokens_per_s']:,.0f} tokens/s · sent {tot['bytes_sent']:,} B · reachable "
                   f"{tot['nodes_reachable']}, behind NAT (client) {tot['nodes_behind_nat']}, not measured {unknown} · "
                   f"splits healed {tot['splits_healed']}, holders left behind {tot['holders_left_behind']}")

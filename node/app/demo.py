@@ -19,7 +19,7 @@ from rich.live import Live
 from rich.table import Table
 
 from pathswarm.jsonfile import write_json_atomic
-from pathswarm.node.app.fmt import fmt_bytes, save_figure, subplots
+from pathswarm.node.app.fmt import count, fmt_bytes, save_figure, subplots
 from pathswarm.node.app.local_swarm import LocalSwarm
 from pathswarm.node.app.progress import run_with_progress
 from pathswarm.node.app.replicas import check_replicas
@@ -177,7 +177,8 @@ def run_demo(nodes: int, rounds: int, inner_steps: int, out_dir: Path, json_path
         raise RuntimeError(f"nodes {sorted(set(names) - set(statuses))} wrote no status; logs in {out_dir / 'swarm'}")
     summary = summarize(spec, statuses)
     summary["wall_s"] = time.monotonic() - t0
-    table = Table(title=f"{nodes} nodes, {summary['rounds_completed']} rounds, {summary['wall_s']:.0f} s")
+    table = Table(title=f"{count(nodes, 'node')}, {count(summary['rounds_completed'], 'round')}, "
+                        f"{summary['wall_s']:.0f} s")
     for col in ("path", "val loss before", "val loss after", "change"):
         table.add_column(col, justify="right")
     for p, b in summary["val_loss_before"].items():

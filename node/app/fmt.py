@@ -14,6 +14,11 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.1f} PB"
 
 
+def count(n: int, noun: str) -> str:
+    """(1, 'round') → '1 round', (3, 'round') → '3 rounds': every count a person reads ("1 rounds" was printed)."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def subplots(*args, **kwargs):
     """`matplotlib.pyplot.subplots` on the file-only Agg backend (no display needed). matplotlib is
     imported here, at the first figure: it is slow to import and most commands draw none."""

@@ -17,7 +17,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from pathswarm.node.app.fmt import fmt_bytes
+from pathswarm.node.app.fmt import count, fmt_bytes
 from pathswarm.node.train.simulate import SimConfig, SimResult, run_simulation
 from pathswarm.protocol.spec import SwarmSpec
 
@@ -53,7 +53,7 @@ def run_with_progress(spec: SwarmSpec, cfg: SimConfig, console: Console | None =
 
 def summary_table(result: SimResult) -> Table:
     table = Table(title=f"{result.mode}: {result.workers} workers, H={result.inner_steps}, "
-                        f"{len(result.rounds)} rounds, {result.wall_s:.0f} s")
+                        f"{count(len(result.rounds), 'round')}, {result.wall_s:.0f} s")
     table.add_column("path")
     table.add_column("val loss before", justify="right")
     table.add_column("val loss after", justify="right")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from pathswarm.node.app.fmt import count
 from pathswarm.node.model.data import Document, split
 from pathswarm.node.model.model import count_module_params
 from pathswarm.node.model.router import assignment_table, fit_router
@@ -62,7 +63,7 @@ def format_init_report(spec: SwarmSpec, docs: Sequence[Document]) -> str:
     r, m = spec.router, spec.model
     out = [
         f"swarm {spec.name!r}  id {spec.swarm_id}",
-        f"levels {'x'.join(map(str, spec.levels))} -> {spec.n_paths} paths; width {m.width}, "
+        f"levels {'x'.join(map(str, spec.levels))} -> {count(spec.n_paths, 'path')}; width {m.width}, "
         f"{m.layers_per_module} layers per module, context {m.context_len} bytes",
         f"corpus {spec.data.corpus!r}: {len(docs)} documents ({len(train)} train, {len(val)} validation)",
         f"router: byte {r.ngram}-grams of the first {r.prefix_bytes} bytes -> {r.features} features, "

@@ -125,6 +125,7 @@ def test_several_bootstrap_peers_any_one_suffices(spec, tmp_path, home):
 def test_public_swarm_file_is_data(spec, tmp_path, home, monkeypatch):
     line = error_line(cli("node", "run", "--swarm", "public"))
     assert "no public swarm is listed yet" in line and "--join ID --initial-peer ADDR" in line
+    assert line.count("public swarm") == 1, line  # said once (the note in the file said it again)
     spec_path = tmp_path / "swarm.toml"
     spec_path.write_text(spec.to_toml())
     with LocalSwarm(spec_path, tmp_path / "run") as swarm:

@@ -38,6 +38,15 @@ def test_unreachable_initial_peer(spec_file):
     assert "no initial peer could be reached: the connection failed at once" in line and dead in line
 
 
+def test_a_path_outside_the_grid_names_the_valid_ones_before_joining(spec_file):
+    proc = run_node("--swarm", str(spec_file), "--path", "9.9")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]  # click's usage error
+    assert "--path: path 9.9 does not fit levels [2, 2]: the valid paths are 0.0, 0.1, 1.0, 1.1" in line
+    assert "DHT" not in proc.stderr and "peer id" not in proc.stderr  # refused before the network starts
+
+
 def test_port_in_use(spec_file):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

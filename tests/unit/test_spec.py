@@ -141,3 +141,10 @@ def test_cli_swarm_id_prints_id(tmp_path):
     result = CliRunner().invoke(main, ["swarm", "id", str(path)])
     assert result.exit_code == 0
     assert result.output.strip() == loads_spec(GOOD).swarm_id
+
+
+def test_counts_read_as_english():
+    from pathswarm.node.app.fmt import count
+
+    assert (count(1, "round"), count(0, "round"), count(3, "path"), count(1234, "node")) == (
+        "1 round", "0 rounds", "3 paths", "1,234 nodes")
