@@ -28,6 +28,16 @@ class NotServingYetError(ConnectionError):
     """The peer is up but serves no handler of that name yet (a node between its claim and its exchange's start);
     raised by protocol/net/streams.py's PeerStreams.open."""
 
+
+class UnreachableError(ConnectionError):
+    """No connection to the peer could be made (p2pd could dial none of its addresses: down, or gone); raised by
+    protocol/net/streams.py's PeerStreams.open."""
+
+
+class FramesMissingError(LookupError):
+    """The peer answered that it keeps no frames of the round asked for (it did not reduce it, or no longer has them:
+    a restarted reducer); raised by protocol/rounds/audit.py's `fetch_frames`."""
+
 class WireError(ValueError):
     """A peer sent a malformed, oversized or truncated message."""
 

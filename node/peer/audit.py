@@ -32,6 +32,7 @@ from pathswarm.protocol.rounds.audit import FRAMES_KEPT, Alert
 from pathswarm.protocol.rounds.exchange import ModuleExchange
 from pathswarm.protocol.rounds.messages import FrameEntry, RoundReply
 from pathswarm.protocol.rounds.rule import audit_mean
+from pathswarm.protocol.wire import FramesMissingError, UnreachableError
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class Auditor:
         self.alerted: set[tuple[str, int]] = set()  # (module, round) whose alert we checked: one check per round
         self.rng = random.SystemRandom()
         self._passed_now = False  # the last check found the mean right (read by _verify_now)
+        self._mismatch_now = False  # the last check's frames were not the ones the result lists (read by _verify_now)
         self.passed: dict[tuple[str, str], int] = {}
         """(reducer, module) → audits of its rounds of that module that found its mean right: its first
         NEW_REDUCER_AUDITS rounds of each module are all audited before they are applied (docs/SECURITY.md). Counted
@@ -133,12 +135,18 @@ class Auditor:
     def _verify_now(self, module: str, round_: int, reducer: str) -> str:
         """Audit a round before it is applied (the training thread waits for the download: a reducer's first rounds
         only). A lie is then never applied here; neither is the round of a reducer that does not show its frames
-        within the averaging timeout (a download refused as busy, when a large group asks at once, is retried)."""
+        within the averaging timeout (a download refused as busy, when a large group asks at once, is retried). An
+        answer that will not change soon ends the wait at once: the peer keeps no frames of the round (a reducer
+        restarted since, or a member that relayed a result it did not reduce), serves frames the result does not
+        list, or cannot be dialed twice. Waiting the whole timeout for those held the module 10 rounds behind its
+        group after each restart (benchmarks/restarts.py --kill replying); the round then fails here, its Δ
+        carries."""
         got = self.received.get((module, round_))
         if got is None:
             return ""
         listed = frozenset(p for p, _, _ in got.listed)
         deadline = time.monotonic() + self.spec.averaging.timeout_s
+        unreachable = 0
         while True:
             left = deadline - time.monotonic()
             fut = self.net.submit(self.exchange.audits.fetch_frames(reducer, module, round_, max(1.0, left), listed,
@@ -147,7 +155,7 @@ class Auditor:
                 fut.result(max(1.0, left) + 5)
             except Exception:  # the check below reads the failure from the future
                 pass
-            self._passed_now = False
+            self._passed_now = self._mismatch_now = False
             proof = self._check(_Check(module, round_, reducer, None, fut, applied=False))
             if proof:
                 return proof
@@ -155,6 +163,12 @@ class Auditor:
                 return f"{reducer[-8:]} is not trusted: {self.exchange.distrusted[reducer]}"
             if self._passed_now:
                 return ""
+            failure = fut.exception() if fut.done() and not fut.cancelled() else None
+            unreachable += isinstance(failure, UnreachableError)
+            if isinstance(failure, FramesMissingError) or self._mismatch_now or unreachable >= 2:
+                why = ("keeps no frames of the round" if isinstance(failure, FramesMissingError) else
+                       "served frames its result does not list" if self._mismatch_now else "cannot be reached")
+                return f"{reducer[-8:]} {why} ({module} round {round_}), and it is not audited yet"
             if time.monotonic() + VERIFY_RETRY_S[1] >= deadline:
                 return f"{reducer[-8:]} did not show the frames of {module} round {round_}, and it is not audited yet"
             time.sleep(self.rng.uniform(*VERIFY_RETRY_S))
@@ -227,6 +241,7 @@ class Auditor:
                 logger.warning("audit of %s round %d: frames from %s: %s", check.module, check.round,
                                check.source[-8:], e)
                 frames = None
+                self._mismatch_now = True
         if check.alert is None:
             if frames is None:
                 if self.passed.get((got.reducer, check.module), 0) >= NEW_REDUCER_AUDITS:

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from hivemind.p2p import P2P, PeerID
 
-from pathswarm.protocol.wire import NotServingYetError
+from pathswarm.protocol.wire import NotServingYetError, UnreachableError
 
 StreamHandler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 """(the caller's peer id, as libp2p authenticated it; reader; writer) → None. It must close the writer."""
@@ -46,5 +46,7 @@ class PeerStreams:
         except Exception as e:
             if "protocols not supported" in str(e):  # p2pd's words when the protocol negotiation finds no handler
                 raise NotServingYetError(f"{peer_id[-8:]} does not serve {name} (yet)") from None
+            if "failed to dial" in str(e):  # p2pd's words when no address of the peer answers
+                raise UnreachableError(f"{peer_id[-8:]} cannot be reached: {str(e).splitlines()[0][:200]}") from None
             raise
         return reader, writer

@@ -31,7 +31,14 @@ from pathswarm.protocol.rounds.messages import (
     FramesReply,
     FramesRequest,
 )
-from pathswarm.protocol.wire import Traffic, WireError, read_message, write_message
+from pathswarm.protocol.wire import (
+    FramesMissingError,
+    Traffic,
+    UnreachableError,
+    WireError,
+    read_message,
+    write_message,
+)
 
 if TYPE_CHECKING:
     from pathswarm.protocol.net import PeerStreams
@@ -132,9 +139,10 @@ class AuditService:
     async def fetch_frames(self, peer: str, module: str, round_: int, timeout_s: float, expected: frozenset[str],
                            skip: str = "") -> dict[str, tuple[int, bytes]] | None:
         """The frames `peer` keeps for (module, round) as {contributor: (tokens, frame)}, but `skip`'s (our own: we
-        have it); None if it has none or the download fails. Only the `expected` contributors' (the result's list,
-        as we received it) are read, each bounded by the module's size: a peer cannot make us hold more. The
-        caller checks their hashes."""
+        have it); None if the download fails (refused as busy, timed out, malformed). Raises FramesMissingError when
+        the peer answers it keeps none, UnreachableError when it cannot be dialed: both worth no retry soon. Only the
+        `expected` contributors' (the result's list, as we received it) are read, each bounded by the module's size:
+        a peer cannot make us hold more. The caller checks their hashes."""
         limit = self.frame_limit(module)
 
         async def go() -> dict[str, tuple[int, bytes]] | None:
@@ -145,6 +153,8 @@ class AuditService:
                                     self.traffic)
                 header, _ = await read_message(reader, 0, self.traffic)
                 reply = FramesReply.parse(header)
+                if reply.status == "missing":
+                    raise FramesMissingError(f"{peer[-8:]} keeps no frames of {module} round {round_}")
                 if reply.status != "ok":
                     return None
                 count = reply.count
@@ -165,7 +175,10 @@ class AuditService:
 
         try:
             return await asyncio.wait_for(go(), timeout_s)
-        except Exception as e:  # unreachable, refused, malformed: the audit cannot run this time
+        except (FramesMissingError, UnreachableError) as e:
+            logger.info("frames of %s round %d from %s: %s", module, round_, peer[-8:], e)
+            raise
+        except Exception as e:  # refused, timed out, malformed: the audit cannot run this time
             logger.info("frames of %s round %d from %s: %s", module, round_, peer[-8:], e)
             return None
 

@@ -315,13 +315,16 @@ class FramesRequest(Message):
 
 @dataclass(frozen=True)
 class FramesReply(Message):
-    """How many frames follow (each as a `FrameHeader` then the frame), or status 'missing'."""
+    """How many frames follow (each as a `FrameHeader` then the frame), or status 'missing' (the peer keeps none of
+    the round), or 'refused' (busy, rate limited, not a member: worth asking again later)."""
 
     status: str
     count: int = 0
 
     @classmethod
     def parse(cls, header: dict[str, Any]) -> Self:
+        if header.get("status") == "refused":
+            return cls("refused")
         if header.get("status") != "ok":
             return cls("missing")
         return cls("ok", _int(header, "count", high=MAX_CONTRIBUTORS))

@@ -317,3 +317,58 @@ def test_probation_counts_per_reducer_and_module():
     # each module's first rounds were checked, one by one, however many modules the reducer holds
     assert checked == [(m, r) for r in range(1, NEW_REDUCER_AUDITS + 1) for m in ("m1", "m2", "m3")]
     assert all(a.passed[("QmR", m)] == NEW_REDUCER_AUDITS for m in ("m1", "m2", "m3"))
+
+
+@pytest.mark.parametrize("outcome, attempts, why", [
+    ("missing", 1, "keeps no frames of the round"),
+    ("unreachable", 2, "cannot be reached"),
+    ("busy", None, "did not show the frames"),
+])
+def test_a_check_before_applying_ends_at_once_on_an_answer_that_will_not_change(outcome, attempts, why):
+    """A reducer restarted since (or a member that relayed a result it did not reduce) keeps no frames, and a dead
+    one cannot be dialed: waiting the averaging timeout for them held a restarted node's modules some 10 rounds
+    behind (benchmarks/restarts.py --kill replying). A download refused as busy is retried until the timeout."""
+    import time
+    from concurrent.futures import Future
+
+    from pathswarm.node.peer.audit import Auditor
+    from pathswarm.node.peer.config import NodeConfig, NodeStatus
+    from pathswarm.protocol.wire import FramesMissingError, UnreachableError
+
+    spec = SwarmSpec(name="audit", averaging=AveragingSpec(grace_s=0.5, timeout_s=2.0))
+    result, _, _ = closed_round()
+
+    class Audits:
+        def fetch_frames(self, *args, **kwargs):
+            async def nothing():  # the download is tested end to end; here only its outcome matters
+                return None
+            return nothing()
+
+    class Exchange:
+        distrusted: dict = {}
+        numels = {"m": NUMEL}
+        audits = Audits()
+
+    class Net:
+        calls = 0
+
+        def submit(self, coro):
+            coro.close()
+            Net.calls += 1
+            done: Future = Future()
+            if outcome == "missing":
+                done.set_exception(FramesMissingError("QmR keeps no frames of m round 0"))
+            elif outcome == "unreachable":
+                done.set_exception(UnreachableError("QmR cannot be reached: failed to dial"))
+            else:
+                done.set_result(None)  # refused as busy
+            return done
+
+    a = Auditor(NodeConfig(spec=spec, audit_rate=0.2), NodeStatus(peer_id="QmMe"), Exchange(), Net())
+    t0 = time.monotonic()
+    reason = a.record("m", dataclasses.replace(result, reducer="QmR"), 0.0, (1, b""), PEERS)
+    assert why in reason and "not audited yet" in reason
+    if attempts is not None:
+        assert Net.calls == attempts and time.monotonic() - t0 < 1.5
+    else:
+        assert Net.calls >= 2 and time.monotonic() - t0 >= 1.0  # retried, until the averaging timeout
