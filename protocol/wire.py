@@ -56,12 +56,35 @@ class Traffic:
             self.received += received
 
 
+class Pacer:
+    """An upload cap shared by the messages that take it (a token bucket of one second's bytes): `await
+    take(n)` returns once n more bytes fit under `bytes_per_s` (0: no cap). For the event loop that awaits it."""
+
+    def __init__(self, bytes_per_s: float):
+        if not bytes_per_s >= 0 or bytes_per_s == float("inf"):
+            raise ValueError(f"an upload cap of {bytes_per_s} B/s")
+        self.bytes_per_s = bytes_per_s
+        self._free_at = float("-inf")  # loop time at which the bytes taken so far have gone out at the cap
+
+    def delay(self, n: int, now: float) -> float:
+        """Seconds to wait before sending n more bytes at time `now` (and count them as sent)."""
+        if not self.bytes_per_s:
+            return 0.0
+        # a burst of up to a second's bytes goes at once; beyond it each chunk waits its turn
+        self._free_at = max(self._free_at, now - 1.0) + n / self.bytes_per_s
+        return max(0.0, self._free_at - now)
+
+    async def take(self, n: int) -> None:
+        if wait := self.delay(n, asyncio.get_running_loop().time()):
+            await asyncio.sleep(wait)
+
+
 async def write_message(writer: asyncio.StreamWriter, header: dict[str, Any],
                         payload: bytes | memoryview | Sequence[bytes | memoryview] = b"",
-                        traffic: Traffic | None = None) -> None:
+                        traffic: Traffic | None = None, pacer: Pacer | None = None) -> None:
     """One message; `payload` may come in parts (sent back to back, as one payload). Written chunk by chunk with a
     drain after each, so a peer that does not read pins at most a chunk and the transport's buffer, not the
-    payload (the caller's deadline then ends the wait)."""
+    payload (the caller's deadline then ends the wait); with a `pacer`, each chunk waits for its share of the cap."""
     parts = [memoryview(p).cast("B") for p in ([payload] if isinstance(payload, bytes | memoryview) else payload)]
     size = sum(len(p) for p in parts)
     head = json.dumps(header, separators=(",", ":")).encode()
@@ -71,6 +94,8 @@ async def write_message(writer: asyncio.StreamWriter, header: dict[str, Any],
     writer.write(prefix + head)
     for view in parts:
         for off in range(0, len(view), WRITE_CHUNK):
+            if pacer is not None:
+                await pacer.take(min(WRITE_CHUNK, len(view) - off))
             writer.write(view[off:off + WRITE_CHUNK])
             await writer.drain()
     await writer.drain()

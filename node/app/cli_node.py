@@ -152,6 +152,10 @@ def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[s
               help="Audit a round another peer reduced with probability RATE / group size: download the frames it "
                    "merged and recompute its mean, so a lying reducer is caught (docs/SECURITY.md). With every "
                    "member at 0.2 a group audits one round in five. 0: never audit.")
+@click.option("--serve-state-mbps", type=float, default=0.0, show_default=True,
+              help="Cap, in megabits per second, on the upload of module states this node serves to joining and "
+                   "re-syncing peers, so that a home uplink keeps room for the node's own rounds (joiners download "
+                   "a state's parts from all its holders at once). 0: no cap.")
 @click.option("--optimizer", type=click.Choice(["adamw", "adamw8bit"]), default=None,
               help="This node's inner optimizer (default: the spec's [inner] optimizer). adamw8bit keeps "
                    "bitsandbytes' 8-bit moments: about a quarter of AdamW's optimizer memory. Only this node's "
@@ -172,7 +176,8 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
              init_dir: str | None, ready_file: str | None,
              status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int,
              offline: bool, sync_rounds: bool, max_tokens_per_s: float, save_partial_s: float,
-             audit_rate: float, optimizer: str | None, reachability: str, dashboard_port: int | None,
+             audit_rate: float, serve_state_mbps: float, optimizer: str | None, reachability: str,
+             dashboard_port: int | None,
              dashboard_host: str) -> None:
     """Join a swarm, claim a path, sync its modules and train until stopped (Ctrl-C leaves cleanly).
 
@@ -185,7 +190,7 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
     if max_rounds < 0:  # checked before the import below (torch, hivemind: seconds): a typo fails at once
         raise click.BadParameter("must be >= 0", param_hint="--max-rounds")
     for value, hint in ((max_tokens_per_s, "--max-tokens-per-s"), (save_partial_s, "--save-partial-s"),
-                        (audit_rate, "--audit-rate")):
+                        (audit_rate, "--audit-rate"), (serve_state_mbps, "--serve-state-mbps")):
         if not value >= 0 or value == float("inf"):
             raise click.BadParameter("must be a finite number >= 0", param_hint=hint)
     spec, initial_peers = resolve_swarm(spec_path, join_id, tuple(initial_peers))
@@ -205,7 +210,8 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
                      status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
                      wait_peers=wait_peers, offline=offline, sync_rounds=sync_rounds,
                      max_tokens_per_s=max_tokens_per_s, partial_every_s=save_partial_s,
-                     audit_rate=audit_rate, optimizer=optimizer or "", reachability=reachability)
+                     audit_rate=audit_rate, serve_state_mbps=serve_state_mbps, optimizer=optimizer or "",
+                     reachability=reachability)
     n = Node(cfg, handle_signals=True)
     board = None
     if dashboard_port is not None:  # bound before joining: a port in use fails at once

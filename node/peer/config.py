@@ -67,6 +67,10 @@ class NodeConfig:
     group audits one round in five (an audit downloads the round's frames but the auditor's own). The default keeps
     benchmarks/wire.py's goal (≥ 450× fewer bytes sent than fp32 data-parallel at H=100). 0: never audit (alerts
     are still checked)."""
+    serve_state_mbps: float = 0.0
+    """Cap, in megabits per second, on the upload of the module states this node serves to joiners and re-syncing
+    peers (0: none): a home uplink keeps room for the node's own rounds. Joiners download a state's parts from all
+    its holders at once (protocol/rounds/state_parts.py), so a capped holder slows a joiner less."""
     optimizer: str = ""
     """This node's inner optimizer, "adamw" or "adamw8bit" ("": the spec's [inner] optimizer)."""
     reachability: str = "auto"

@@ -148,7 +148,8 @@ class Node:
         streams = None if offline else self.net.run(self.sdht.streams(), 30)
         self.exchange = ModuleExchange(spec, streams, self.status.peer_id, numels,
                                        lambda mid: self.sync.local_states.get(mid), traffic=self.traffic,
-                                       membership=self.cfg.membership, sync_world=self.cfg.sync_rounds)
+                                       membership=self.cfg.membership, sync_world=self.cfg.sync_rounds,
+                                       serve_state_bytes_per_s=self.cfg.serve_state_mbps * 1e6 / 8)
         self.exchange.set_client(bool(self.sdht is not None and self.sdht.client_mode))
         self.net.run(self.exchange.start(), 30)
         self.sync = StateSync(spec, self.worker, self.status, self.exchange, self.net, self.sdht)

@@ -104,6 +104,8 @@ class StateSync:
         got = vouched_state([Announced.of(a) for a in anns], me, mine.round, counted)
         if got is None:
             return ""
+        if self.download_parts(mid, got, keep_progress=resumed):
+            return f"{len(got.peers)} holders in parts, round {got.round} (announced by {len(got.peers)} of them)"
         for peer in got.peers:
             if self.download(mid, peer, keep_progress=resumed, expect=got):
                 return f"peer {peer[-8:]} round {got.round} (announced by {len(got.peers)} of its holders)"
@@ -197,6 +199,11 @@ class StateSync:
         not hold). When every holder of the vouched state has moved past it meanwhile, the announcements are read
         again, once, and the state a majority vouches for now is downloaded instead."""
         for attempt in range(2):
+            if expect is not None and self.download_parts(mid, expect, keep_progress=True):
+                logger.info("re-synced %s from %d holders at round %d", mid, len(expect.peers),
+                            self.worker.outer[mid].round)
+                self.publish_local(mid)
+                return True
             for server in [peer] + [p for p in (expect.peers if expect else ()) if p != peer and p not in self.clients]:
                 if self.download(mid, server, keep_progress=True, expect=expect):
                     logger.info("re-synced %s from %s at round %d", mid, server[-8:], self.worker.outer[mid].round)
@@ -234,22 +241,38 @@ class StateSync:
         timeout_s = self.spec.averaging.timeout_s
         got = self.net.run(self.exchange.fetch_state(peer, mid, timeout_s, expect.round if expect else -1),
                            timeout_s + 5)
-        if got is None:
+        return got is not None and self._adopt(mid, got, peer[-8:], keep_progress, expect)
+
+    def download_parts(self, mid: str, expect: Vouched, keep_progress: bool = False) -> bool:
+        """Adopt the state `expect` names, its parts downloaded from all its holders that can be dialed at once
+        (protocol/rounds/state_parts.py): a large state does not wait on one holder's uplink. False (nothing
+        changed) when fewer than two can serve it or a part cannot be had: the caller then downloads it whole."""
+        servers = [p for p in expect.peers if p not in self.clients]
+        if len(servers) < 2:
             return False
-        # fetch_state checked that the state hashes to the digest its server sent with it
+        timeout_s = self.spec.averaging.timeout_s
+        got = self.net.run(self.exchange.fetch_state_parts(servers, mid, timeout_s, expect.round, expect.digest),
+                           timeout_s + 5)
+        if got is None:
+            logger.info("state of %s in parts from %d holders failed; downloading it whole", mid, len(servers))
+            return False
+        return self._adopt(mid, got, f"{len(servers)} holders", keep_progress, expect)
+
+    def _adopt(self, mid: str, got: OuterState, source: str, keep_progress: bool, expect: Vouched | None) -> bool:
+        # the fetch checked that the state hashes to the digest its server(s) sent with it
         if expect is not None and (got.round, got.digest()) != (expect.round, expect.digest):
             logger.warning("state of %s from %s is round %d %s, not the vouched round %d %s; ignored", mid,
-                           peer[-8:], got.round, got.digest(), expect.round, expect.digest)
+                           source, got.round, got.digest(), expect.round, expect.digest)
             return False
         if expect is not None and expect.reducers and list_digest(got.reducers) != expect.reducers:
             logger.warning("state of %s from %s comes with a reducer list its other announcers do not hold; ignored",
-                           mid, peer[-8:])
+                           mid, source)
             return False
         if got.round == 0:
             try:
                 check_init(self.spec, mid, got.anchor, got.momentum)
             except InitMismatchError as e:
-                logger.warning("round 0 of %s from %s is not the swarm's: %s; ignored", mid, peer[-8:], e)
+                logger.warning("round 0 of %s from %s is not the swarm's: %s; ignored", mid, source, e)
                 return False
         anchor = got.anchor
         old_anchor = self.worker.outer[mid].anchor.clone()

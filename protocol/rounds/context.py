@@ -16,7 +16,7 @@ from pathswarm.protocol.clock import MONOTONIC, Clock
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.trust import Trust
 from pathswarm.protocol.spec import SwarmSpec
-from pathswarm.protocol.wire import Traffic
+from pathswarm.protocol.wire import Pacer, Traffic
 
 if TYPE_CHECKING:
     from pathswarm.protocol.net import PeerStreams
@@ -66,6 +66,8 @@ class Context:
     groups: GroupView = field(default_factory=GroupView)
     clients: set[str] = field(default_factory=set)
     """Peers whose contributions said they are clients: left out of the reducer candidates we name."""
+    state_pacer: Pacer | None = None
+    """The cap on the upload of the states we serve (`node run --serve-state-mbps`), shared by every download."""
     fresh: set[str] = field(default_factory=set)
     """Modules whose reducer list this process has not seen work yet (it started from a checkpoint or the seed): at
     the head of the list it asks the others before reducing (protocol/rounds/reducers.py, rule 4)."""

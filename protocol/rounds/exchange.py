@@ -29,7 +29,7 @@ from pathswarm.protocol.rounds.rule import close_round
 from pathswarm.protocol.rounds.service import Service
 from pathswarm.protocol.rounds.trust import Trust
 from pathswarm.protocol.spec import SwarmSpec
-from pathswarm.protocol.wire import Traffic
+from pathswarm.protocol.wire import Pacer, Traffic
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -43,13 +43,14 @@ class ModuleExchange:
     def __init__(self, spec: SwarmSpec, streams: PeerStreams | None, peer_id: str, numels: dict[str, int],
                  state_of: Callable[[str], OuterState | None], *, traffic: Traffic | None = None,
                  membership: str = "", sync_world: bool = False, clock: Clock = MONOTONIC,
-                 closer: Closer | None = None):
+                 closer: Closer | None = None, serve_state_bytes_per_s: float = 0.0):
         traffic = traffic or Traffic()
         self.spec, self.peer_id, self.numels, self.traffic = spec, peer_id, numels, traffic
         trust = Trust(spec, peer_id, len(numels), traffic,
                       lambda: max((spec.codec.max_frame_bytes(n) for n in numels.values()), default=0))
         self.ctx = Context(spec, peer_id, numels, state_of, streams, trust, traffic, clock=clock,
-                           membership=membership, sync_world=sync_world)
+                           membership=membership, sync_world=sync_world,
+                           state_pacer=Pacer(serve_state_bytes_per_s) if serve_state_bytes_per_s else None)
         self.trust = trust
         self.audits = AuditService(streams, self.ctx.prefix, numels, self.ctx.contribution_limit, trust.serve,
                                    traffic, membership)
@@ -75,6 +76,10 @@ class ModuleExchange:
 
     async def fetch_state(self, peer: str, module: str, timeout_s: float, round_: int = -1) -> OuterState | None:
         return await self.service.fetch_state(peer, module, timeout_s, round_)
+
+    async def fetch_state_parts(self, peers: list[str], module: str, timeout_s: float, round_: int,
+                                digest: str) -> OuterState | None:
+        return await self.service.fetch_state_parts(peers, module, timeout_s, round_, digest)
 
     def effective_state(self, module: str) -> OuterState | None:
         return self.reducer.effective_state(module)

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any, Self
 
 from pathswarm.protocol.rounds.reducers import Stance, parse_candidates
+from pathswarm.protocol.rounds.state_parts import MAX_STATE_PARTS
 from pathswarm.protocol.wire import WireError
 
 MAX_ROUND = 1 << 62
@@ -267,9 +268,16 @@ class StateRequest(Message):
     serves it while its node still holds it, not the state after the rounds it closed since (protocol/rounds/service.py;
     a peer from before the field ignores it)."""
 
+    part: int = 0
+    parts: int = 1
+    """Part `part` of `parts` of the state (protocol/rounds/state_parts.py): a joiner downloads the parts from several
+    holders at once. A peer from before the fields sends the whole state, which the downloader accepts too."""
+
     @classmethod
     def parse(cls, header: dict[str, Any]) -> Self:
-        return cls(_str(header, "module"), membership_of(header), _int(header, "round", low=-1, default=-1))
+        parts = _int(header, "parts", low=1, high=MAX_STATE_PARTS, default=1)
+        return cls(_str(header, "module"), membership_of(header), _int(header, "round", low=-1, default=-1),
+                   _int(header, "part", high=parts - 1, default=0), parts)
 
 
 @dataclass(frozen=True)
@@ -280,13 +288,19 @@ class StateReply(Message):
     """'ok' or 'missing'."""
     round: int = 0
     digest: str = ""
+    """The whole state's digest, whichever part the payload holds."""
     reducers: tuple[str, ...] = field(default=())
+    part: int = 0
+    parts: int = 1
+    """Which part of the state the payload is (0 of 1: all of it, anchor then momentum)."""
 
     @classmethod
     def parse(cls, header: dict[str, Any]) -> Self:
         status = header.get("status")
         if status != "ok":
             return cls("missing")
+        parts = _int(header, "parts", low=1, high=MAX_STATE_PARTS, default=1)
+        part = _int(header, "part", high=parts - 1, default=0)
         try:
             reducers = parse_candidates(header.get("reducers") or [])
         except ValueError as e:
@@ -294,7 +308,7 @@ class StateReply(Message):
         # The round is a stranger's JSON value: int() of it raised on "x", [1] or 1e400, and a negative or huge one
         # made state_digest (8 unsigned bytes) raise.
         return cls("ok", _int(header, "round", default=0) if header.get("round") is not None else 0,
-                   _str(header, "digest", 64, default=""), reducers)
+                   _str(header, "digest", 64, default=""), reducers, part, parts)
 
 
 @dataclass(frozen=True)

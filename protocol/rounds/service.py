@@ -29,6 +29,7 @@ from pathswarm.protocol.rounds.messages import (
 )
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducer import Reducer
+from pathswarm.protocol.rounds.state_parts import part_bounds, parts_for
 from pathswarm.protocol.wire import WireError, read_message, write_message
 
 if TYPE_CHECKING:
@@ -155,11 +156,16 @@ class Service:
                 await write_message(writer, StateReply("missing").header(), b"", ctx.traffic)
                 return
             # Written from the state's own tensors, chunk by chunk (no copy of the whole state per request): states
-            # are immutable, so the bytes stay those of the digest.
-            parts = [memoryview(t.float().contiguous().numpy()).cast("B")  # type: ignore[arg-type]  # buffer on 3.12+
-                     for t in (state.anchor, state.momentum)]
-            reply = StateReply("ok", state.round, state.digest(), state.reducers)
-            await write_message(writer, reply.header(), parts, ctx.traffic)
+            # are immutable, so the bytes stay those of the digest. A part is a range of anchor‖momentum.
+            start, end = part_bounds(2 * state.anchor.numel(), ask.parts, ask.part)
+            parts = []
+            for offset, t in ((0, state.anchor), (state.anchor.numel(), state.momentum)):
+                lo, hi = max(start - offset, 0), min(end - offset, t.numel())
+                if lo < hi:
+                    view = memoryview(t.float().contiguous().numpy())  # type: ignore[arg-type]  # buffer on 3.12+
+                    parts.append(view[lo:hi].cast("B"))
+            reply = StateReply("ok", state.round, state.digest(), state.reducers, ask.part, ask.parts)
+            await write_message(writer, reply.header(), parts, ctx.traffic, ctx.state_pacer)
 
         await ctx.trust.serve("state", sender, reader, writer, handle)
 
@@ -188,20 +194,87 @@ class Service:
         except Exception as e:  # unreachable peer, timeout, malformed message: try another source
             logger.info("state download of %s from %s failed: %s", module, peer[-8:], e)
             return None
-        if reply.status != "ok" or len(payload) != 8 * numel:
+        if reply.status != "ok" or len(payload) != 8 * numel or not self._in_age(module, peer, reply.round):
             return None
-        limit = ctx.spec.round_limit(time.time())
-        if limit is not None and reply.round > limit:
+        return await self._assemble(module, peer[-8:], reply, bytearray(payload))
+
+    def _in_age(self, module: str, peer: str, round_: int) -> bool:
+        limit = self.ctx.spec.round_limit(time.time())
+        if limit is not None and round_ > limit:
             logger.warning("state download of %s from %s: round %d is later than the swarm's age allows", module,
-                           peer[-8:], reply.round)
-            return None
-        values = torch.frombuffer(bytearray(payload), dtype=torch.float32)
+                           peer[-8:], round_)
+            return False
+        return True
+
+    async def _assemble(self, module: str, source: str, reply: StateReply, payload: bytearray) -> OuterState | None:
+        """anchor‖momentum (fp32) → the state, if finite and hashing to the digest the reply names (`source`: whom
+        it came from, for the log)."""
+        numel = self.ctx.numels[module]
+        values = torch.frombuffer(payload, dtype=torch.float32)
         anchor, momentum = values[:numel].clone(), values[numel:].clone()
         if not (torch.isfinite(anchor).all() and torch.isfinite(momentum).all()):
             return None
         got = OuterState(anchor, momentum, reply.round, reply.reducers)
         # hashed off the loop (~0.1 s for a 25 M-value module): the rounds we serve do not wait for it
         if await asyncio.get_running_loop().run_in_executor(None, got.digest) != reply.digest:
-            logger.warning("state of %s from %s fails its digest; ignored", module, peer[-8:])
+            logger.warning("state of %s from %s fails its digest; ignored", module, source)
             return None
         return got
+
+    async def fetch_state_parts(self, peers: list[str], module: str, timeout_s: float, round_: int,
+                                digest: str) -> OuterState | None:
+        """The state (round_, digest) of a module, its parts downloaded from `peers` at once (one part per peer; a
+        part that fails is asked of the next peer): None when a part cannot be had from any of them, the parts name
+        different reducer lists, or the whole does not hash to `digest`. Every part must come with that round and
+        digest. A peer from before parts answers with the whole state, which is taken as it is."""
+        ctx, streams = self.ctx, self.ctx.streams
+        assert streams is not None and peers
+        numel = ctx.numels[module]
+        k = parts_for(len(peers), 2 * numel)
+        buffer = bytearray(8 * numel)
+        lists: set[tuple[str, ...]] = set()
+        whole = False  # an older peer sent all of it
+
+        async def one(part: int, peer: str) -> bool:
+            nonlocal whole
+            start, end = part_bounds(2 * numel, k, part)
+
+            async def go() -> tuple[dict, bytes]:
+                reader, writer = await streams.open(peer, ctx.name("state"))
+                try:
+                    ask = StateRequest(module, ctx.membership, round_, part, k)
+                    await write_message(writer, ask.header(), b"", ctx.traffic)
+                    return await read_message(reader, 8 * numel, ctx.traffic)
+                finally:
+                    writer.close()
+
+            try:
+                header, payload = await asyncio.wait_for(go(), timeout_s)
+                reply = StateReply.parse(header)
+            except Exception as e:  # unreachable, refused, timed out, malformed: the next peer is asked
+                logger.info("part %d/%d of %s's state from %s failed: %s", part + 1, k, module, peer[-8:], e)
+                return False
+            if reply.status != "ok" or (reply.round, reply.digest) != (round_, digest):
+                return False
+            if reply.parts == 1 and len(payload) == 8 * numel:  # a peer from before parts: the whole state
+                buffer[:] = payload
+                whole = True
+            elif (reply.part, reply.parts) == (part, k) and len(payload) == 4 * (end - start):
+                buffer[4 * start:4 * end] = payload
+            else:
+                return False
+            lists.add(reply.reducers)
+            return True
+
+        async def part_from_any(part: int) -> bool:
+            for i in range(len(peers)):
+                if whole or await one(part, peers[(part + i) % len(peers)]):
+                    return True
+            return False
+
+        if not all(await asyncio.gather(*(part_from_any(j) for j in range(k)))):
+            return None
+        if len(lists) != 1 or not self._in_age(module, peers[0], round_):
+            return None  # the reducer list is not covered by the digest: the parts must agree on it
+        return await self._assemble(module, f"{len(peers)} holders", StateReply("ok", round_, digest, lists.pop()),
+                                    buffer)
