@@ -125,6 +125,53 @@ def test_a_download_with_another_reducer_list_than_the_vouched_one_is_refused(sy
         net.stop()
 
 
+def test_a_vouched_state_is_downloaded_in_parts_from_its_holders_and_checked_like_a_whole_one(synthetic_docs):
+    import torch
+
+    from pathswarm.node.model.data import TokenSampler
+    from pathswarm.node.peer.config import NodeStatus
+    from pathswarm.node.peer.state_sync import StateSync
+    from pathswarm.node.train.worker import PathWorker
+    from pathswarm.protocol.netloop import NetLoop
+    from pathswarm.protocol.rounds.exchange import ModuleExchange
+    from pathswarm.protocol.rounds.outer import OuterState, state_digest
+    from pathswarm.protocol.rounds.reducers import list_digest
+    from pathswarm.protocol.spec import ModelSpec, SwarmSpec
+
+    spec = SwarmSpec(levels=(1,), model=ModelSpec(width=32, base_width=32, n_heads=2, layers_per_module=1,
+                                                  context_len=16))
+    sampler = TokenSampler(synthetic_docs, spec.model.context_len, seed=0)
+    worker = PathWorker(spec, (0,), lambda: sampler.sample(2))
+    numels = {m: worker.flat(m).numel() for m in worker.module_ids}
+    exchange = ModuleExchange(spec, None, "me", numels, lambda m: None)
+    anchor = torch.full((numels["shared"],), 0.25)
+    momentum = torch.zeros_like(anchor)
+    digest = state_digest(anchor, momentum, 9)
+    asked: list = []
+    lists = {"ab": ("a", "b")}
+
+    async def fetch_state_parts(peers, module, timeout_s, round_, want):  # the download: tests/swarm/test_state_parts
+        asked.append((tuple(peers), round_, want))
+        return OuterState(anchor.clone(), momentum.clone(), 9, lists["ab"])
+
+    exchange.fetch_state_parts = fetch_state_parts
+    net = NetLoop()
+    try:
+        sync = StateSync(spec, worker, NodeStatus(peer_id="me"), exchange, net)
+        sync.clients = {"nat"}
+        one = Vouched(9, digest, ("a", "nat"), list_digest(("a", "b")))
+        assert not sync.download_parts("shared", one) and asked == []  # one dialable holder: whole, as before
+        both = Vouched(9, digest, ("a", "b", "nat"), list_digest(("a", "b")))
+        lists["ab"] = ("liar", "a")  # parts that bring another list than the vouched one are refused
+        assert not sync.download_parts("shared", both) and worker.outer["shared"].round == 0
+        lists["ab"] = ("a", "b")
+        assert sync.download_parts("shared", both)
+        assert asked[-1] == (("a", "b"), 9, digest)  # from every dialable holder, for the vouched state
+        assert worker.outer["shared"].round == 9 and torch.equal(worker.outer["shared"].anchor, anchor)
+    finally:
+        net.stop()
+
+
 def test_a_holder_a_round_ahead_still_vouches_for_the_state_before():
     """Issue 27: announcements name the states their holder held just before (`chain`). Tallying the current states
     only, holders a round apart were no majority, and a node told it was behind waited 20 s and more."""
