@@ -30,7 +30,7 @@ from pathswarm.node.peer.config import NodeConfig, NodeStatus
 from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.rounds.audit import FRAMES_KEPT, Alert
 from pathswarm.protocol.rounds.exchange import ModuleExchange
-from pathswarm.protocol.rounds.messages import FrameEntry, RoundReply
+from pathswarm.protocol.rounds.messages import FrameEntry, RoundReply, frame_hash
 from pathswarm.protocol.rounds.rule import audit_mean
 from pathswarm.protocol.wire import FramesMissingError, UnreachableError
 
@@ -117,7 +117,13 @@ class Auditor:
         reducer = result.reducer
         if not reducer or reducer == self.status.peer_id or not result.frames:
             return ""
-        mine = self.status.peer_id in {p for p, _, _ in result.frames}
+        # Our frame as the result lists it: the one we hold only if its hash is that of `own`. A reducer may have
+        # merged a frame we sent earlier (a resend after a lost reply, or one our previous run sent before a
+        # restart): the check then downloads that frame from the reducer too. Putting our current frame in its place
+        # failed every such check as "frames the result does not list", and the member then resent, and took the
+        # reducer's next answer for a lie (benchmarks/restarts.py --kill replying).
+        listed_own = next((h for p, _, h in result.frames if p == self.status.peer_id), None)
+        mine = listed_own is not None and listed_own == frame_hash(own[1])
         self.received[(module, result.round)] = Received(reducer, result.frames, result.mean_frame, reference,
                                                          tuple(result.contributors), own if mine else None)
         for old in sorted(r for m, r in self.received if m == module)[:-FRAMES_KEPT]:
@@ -150,7 +156,7 @@ class Auditor:
         while True:
             left = deadline - time.monotonic()
             fut = self.net.submit(self.exchange.audits.fetch_frames(reducer, module, round_, max(1.0, left), listed,
-                                                                    skip=self.status.peer_id))
+                                                                    skip=self.status.peer_id if got.own else ""))
             try:
                 fut.result(max(1.0, left) + 5)
             except Exception:  # the check below reads the failure from the future
@@ -180,7 +186,7 @@ class Auditor:
             return
         listed = frozenset(p for p, _, _ in got.listed)
         fut = self.net.submit(self.exchange.audits.fetch_frames(source, module, round_, timeout, listed,
-                                                                skip=self.status.peer_id))
+                                                                skip=self.status.peer_id if got.own else ""))
         self.checks.append(_Check(module, round_, source, alert, fut))
 
     def poll(self) -> None:

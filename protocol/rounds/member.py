@@ -115,18 +115,25 @@ class Member:
             # An honest reducer lists every contributor's frame; a result without them could not be audited.
             ctx.trust.distrust(reducer, f"its result of {module} round {round_} does not list its contributors' frames")
             return failed(module, round_, "the reducer's result lists no frames", reducer=reducer)
+        earlier_run = False  # the reducer merged a frame our run before a restart sent
         if last.applicable and last.status.ours and reducer != ctx.peer_id:
             mine = {p: (t, h) for p, t, h in last.frames}.get(ctx.peer_id)
             if mine is not None and mine != own and (mine in sent or module in ctx.fresh):
                 # A frame we sent for this round before (a resend after a lost reply, or before our restart):
                 # the reducer merged that one.
+                earlier_run = mine not in sent
                 logger.info("%s round %d: %s merged our earlier frame of the round", module, round_, reducer[-8:])
             elif mine != own:
                 # Proof for us alone (others cannot know what we sent): we stop trusting it, nobody else does.
                 ctx.trust.distrust(reducer, f"its result of {module} round {round_} misreports our contribution")
                 return failed(module, round_, "the reducer misreported our contribution", reducer=reducer)
         if last.applicable:
-            ctx.fresh.discard(module)
+            if not earlier_run:
+                # fresh no more once a reducer merged a frame of this run: a frame of our run before the restart
+                # listed later is then a lie. Not on a frame of that earlier run: its round may fail here (its
+                # check) and the reducer answer our resend with it again, which was then taken for a lie
+                # (benchmarks/restarts.py --kill replying).
+                ctx.fresh.discard(module)
             log = self.reducer.logs[module]
             for peer in last.contributors:  # active in the module: our own rounds wait for them
                 log.note_seen(peer, round_)

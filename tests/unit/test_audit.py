@@ -154,6 +154,15 @@ def test_a_member_stops_trusting_a_reducer_that_misreports_its_frame_unless_it_r
         assert result.status == "failed" and "misreported" in result.reason and PEER in ex.distrusted
     ex, restarted = contribute(reply(5, b"the frame sent before the restart"), fresh=True)
     assert restarted.status == "merged" and not ex.distrusted
+    # Still fresh after it: that round may fail its check here and the reducer answer our resend with the same
+    # earlier frame, which must not then read as a lie (benchmarks/restarts.py --kill replying).
+    assert "L0M0" in ex.ctx.fresh
+    again = asyncio.run(ex.contribute([PEER], "L0M0", 3, 5, STATE.digest(), FRAME, 5.0))
+    assert again.status == "merged" and not ex.distrusted
+    # A result listing a frame of this run ends it: an earlier run's frame listed later is a lie again.
+    ex.ctx.streams.reply = reply(5, FRAME)
+    assert asyncio.run(ex.contribute([PEER], "L0M0", 3, 5, STATE.digest(), FRAME, 5.0)).status == "merged"
+    assert "L0M0" not in ex.ctx.fresh
 
 
 def test_the_audit_odds_count_contributors_we_know_as_holders_not_the_reducers_list():
@@ -372,3 +381,42 @@ def test_a_check_before_applying_ends_at_once_on_an_answer_that_will_not_change(
         assert Net.calls == attempts and time.monotonic() - t0 < 1.5
     else:
         assert Net.calls >= 2 and time.monotonic() - t0 >= 1.0  # retried, until the averaging timeout
+
+
+def test_a_result_listing_an_earlier_frame_of_ours_is_checked_with_that_frame_from_the_reducer():
+    """The reducer merged a frame we sent before (a resend, or our run before a restart): the check must download
+    that frame too, not put our current one in its place (which failed every such check as "frames the result does
+    not list": benchmarks/restarts.py --kill replying)."""
+    from concurrent.futures import Future
+
+    from pathswarm.node.peer.audit import Auditor
+    from pathswarm.node.peer.config import NodeConfig, NodeStatus
+
+    result, _, sent = closed_round()  # QmA, QmB, QmC contributed; we are QmA and now hold another frame
+    asked: list = []
+
+    class Audits:
+        def fetch_frames(self, peer, module, round_, timeout_s, expected, skip=""):
+            asked.append(skip)
+
+            async def nothing():
+                return None
+            return nothing()
+
+    class Exchange:
+        distrusted: dict = {}
+        numels = {"m": NUMEL}
+        audits = Audits()
+
+    class Net:
+        def submit(self, coro):
+            coro.close()
+            done: Future = Future()
+            done.set_result({p: f for p, f in sent.items() if p != asked[-1]})  # the reducer serves what is asked
+            return done
+
+    for own, skip in (((5, b"a frame of ours sent since"), ""), (sent["QmA"], "QmA")):
+        asked.clear()
+        a = Auditor(NodeConfig(spec=SPEC, audit_rate=0.2), NodeStatus(peer_id="QmA"), Exchange(), Net())
+        assert a.record("m", dataclasses.replace(result, reducer="QmR"), 0.0, own, PEERS) == ""  # checked, passed
+        assert asked == [skip] and a.passed[("QmR", "m")] == 1
