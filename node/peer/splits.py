@@ -13,7 +13,8 @@ announce a forged digest, however many, decide nothing):
   the other side re-syncs from a winner. Compared over the chains, not only at the round each holder is at now: a
   holder that got the result of a round its reducer died replying to goes on, and the others meet it at no round.
 - **a minority ahead** (`ahead_alone`): nobody counted vouches for our state, and two or more of them, a strict
-  majority, hold one older state for two grace windows. It happens when we alone got the result of a round (its
+  majority, hold one older state for two grace windows (counted here: the module's live claimants too, not only the
+  peers we merged with). It happens when we alone got the result of a round (its
   reducer died replying to the others and restarted from its checkpoint before that round): no majority vouches for
   our state, so the others cannot adopt it, and we answer each of their sends "out of sync". We go back to theirs
   (the majority's word, downloaded as announced); the group then reduces that round again, together.
@@ -201,7 +202,12 @@ class Splits:
                 digest = mine.digest()
                 chain = [(r, d) for r, d, _ in list(self.status.chains.get(mid, ()))[:-1] if r < mine.round]
                 heal = split_verdict(mid, mine.round, digest, me, announced, counted, chain)
-                self.watch.observe(heal or self._ahead_for(mid, mine.round, digest, me, announced, counted))
+                # Ahead alone is judged by every live claimant, not only those we merged with: a holder restarted
+                # under a new identity re-synced to the others' state without merging a round with us, and counted
+                # out it left one voucher of the older state, a "tie" its other holder did not see (it counts the
+                # claims): both sides kept their states for good (benchmarks/restarts.py --kill replying).
+                claimants = (set(self.holders(mid)) - {me} - set(self.status.distrusted)) | counted
+                self.watch.observe(heal or self._ahead_for(mid, mine.round, digest, me, announced, claimants))
         except Exception as e:  # advisory: the next round looks again
             logger.warning("could not compare digests with the module's holders: %s", e)
 
