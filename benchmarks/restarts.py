@@ -65,6 +65,12 @@ def shared_round(swarm: LocalSwarm, name: str) -> int:
     return ((swarm.status(name) or {}).get("module_rounds") or {}).get("shared", 0)
 
 
+def merged_since(st: dict | None, round_: int) -> bool:
+    """The node's own frames are in a round of `shared` it applied at state round `round_` or later."""
+    groups = ((st or {}).get("groups") or {}).get("shared", {})
+    return any(int(r) >= round_ and st["peer_id"] in peers for r, peers in groups.items())
+
+
 def kill_mid_round(swarm: LocalSwarm) -> str:
     """SIGKILL the current reducer of `shared` half a round after a round of it settled; returns its name."""
     st = {n: swarm.status(n) for n in NAMES}
@@ -200,7 +206,9 @@ def main() -> None:
                 back = time.monotonic()
                 others = [n for n in NAMES if n != victim]
                 target = max(shared_round(swarm, n) for n in others) + 2
-                wait(lambda v=victim, t=target: shared_round(swarm, v) >= t, 120, f"{victim} back in the group")
+                # back: its frames merged in a round of `shared` from then on (holding the round is not merging it:
+                # a node that re-synced applies the group's rounds late until its own frames line up)
+                wait(lambda v=victim, t=target: merged_since(swarm.status(v), t), 120, f"{victim} back in the group")
                 cycles.append({"cycle": i, "victim": victim, "kill": "replying" if replying else "mid-round",
                                "same_identity": same, "killed_at_round": kept[label]["module_rounds"]["shared"],
                                "back_in_s": round(time.monotonic() - back, 1),
@@ -212,7 +220,9 @@ def main() -> None:
             # behind does not get there: that is what the end reports, not a reason to stop without a report)
             target = max(shared_round(swarm, n) for n in NAMES) + SETTLE_ROUNDS + STALLED_ROUNDS
             end = time.monotonic() + 60
-            while time.monotonic() < end and not all(shared_round(swarm, n) >= target for n in NAMES):
+            while time.monotonic() < end and not all(shared_round(swarm, n) >= target
+                                                     and merged_since(swarm.status(n), target - STALLED_ROUNDS)
+                                                     for n in NAMES):
                 time.sleep(0.5)
             for n in NAMES:
                 swarm.signal(n, signal.SIGTERM)

@@ -46,6 +46,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 AHEAD_PATIENCE_GRACES = 2
+AHEAD_STRANGERS_PATIENCE_GRACES = 4
+"""The same wait when the older state's vouchers include claimants we never merged with: a node just restarted from
+an older checkpoint (its new identity beside its old one, whose claim lapses within the claim TTL) vouches for the
+state it restarted on until it has caught up, some seconds later. Going back on its word discarded 6 good rounds
+(benchmarks/restarts.py --kill replying); not counting such peers at all left a node ahead alone for good."""
 """Grace windows a node ahead alone waits, seeing the same older majority state, before it goes back to it: the
 others' announcements lag their rounds by a DHT store (seconds when a store meets a dead peer), and one grace window
 once took a group a moment behind for one that had stopped."""
@@ -129,8 +134,9 @@ class AheadWait:
         self.patience_s = patience_s
         self._since: dict[str, tuple[tuple[int, str], float]] = {}
 
-    def due(self, mid: str, back: Vouched | None, now: float) -> bool:
-        """`back`: the state `ahead_alone` found for `mid` now (None: we are not ahead alone, the wait ends)."""
+    def due(self, mid: str, back: Vouched | None, now: float, patience_s: float | None = None) -> bool:
+        """`back`: the state `ahead_alone` found for `mid` now (None: we are not ahead alone, the wait ends);
+        `patience_s`: this look's wait (default: the one given at construction)."""
         if back is None:
             self._since.pop(mid, None)
             return False
@@ -139,7 +145,7 @@ class AheadWait:
         if seen is None or seen[0] != key:
             self._since[mid] = (key, now)
             return False
-        return now - seen[1] >= self.patience_s
+        return now - seen[1] >= (self.patience_s if patience_s is None else patience_s)
 
 
 class SplitWatch:
@@ -207,14 +213,19 @@ class Splits:
                 # out it left one voucher of the older state, a "tie" its other holder did not see (it counts the
                 # claims): both sides kept their states for good (benchmarks/restarts.py --kill replying).
                 claimants = (set(self.holders(mid)) - {me} - set(self.status.distrusted)) | counted
-                self.watch.observe(heal or self._ahead_for(mid, mine.round, digest, me, announced, claimants))
+                self.watch.observe(heal or self._ahead_for(mid, mine.round, digest, me, announced, counted,
+                                                           claimants))
         except Exception as e:  # advisory: the next round looks again
             logger.warning("could not compare digests with the module's holders: %s", e)
 
     def _ahead_for(self, mid: str, my_round: int, digest: str, me: str, announced: list[Announced],
-                   counted: set[str]) -> Heal | None:
+                   counted: set[str], claimants: set[str]) -> Heal | None:
         back = ahead_alone(my_round, digest, me, announced, counted)
-        if not self._ahead.due(mid, back, time.monotonic()) or back is None:
+        patience = None
+        if back is None:  # judged by the live claimants too, with more patience (AHEAD_STRANGERS_PATIENCE_GRACES)
+            back = ahead_alone(my_round, digest, me, announced, claimants)
+            patience = AHEAD_STRANGERS_PATIENCE_GRACES * self.sync.spec.averaging.grace_s
+        if not self._ahead.due(mid, back, time.monotonic(), patience) or back is None:
             return None
         return Heal(mid, back.round + 1, back.peers[0], back.digest, digest, (my_round, digest), back)
 
