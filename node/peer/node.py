@@ -23,7 +23,9 @@ complete round, withdraw the claim, exit 0.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import os
 import signal
 import threading
 import time
@@ -268,6 +270,10 @@ class Node:
     def _poll(self, block: bool, timeout_s: float | None = None, abandon: bool = True) -> None:
         if self.rounds.poll(block, timeout_s, abandon):
             self._round_complete()
+        if self.stop_event.is_set():
+            # Leaving: no heal or re-sync now. Their downloads meet peers that are leaving too, each waiting out its
+            # timeout (a node asked to stop was still downloading 90 s later); the next run syncs anyway.
+            return
         self.splits.heal_found()
         self.sync.resync(self.rounds.resyncs, self.seat.holders)
 
@@ -352,11 +358,21 @@ def pick_device(device: str) -> str:
     return device
 
 
+SECOND_SIGNAL_EXIT = 130
+"""Exit code of a node stopped by a second SIGTERM or SIGINT before it finished leaving (as a shell's Ctrl-C)."""
+
+
 def stop_on_signals(stop_event: threading.Event) -> None:
-    """SIGTERM and SIGINT set `stop_event`: the node finishes its round and leaves the swarm."""
+    """SIGTERM and SIGINT set `stop_event`: the node finishes its round and leaves the swarm. A second one, while it is
+    still leaving, ends the process at once (its last checkpoint and saved round stay on disk; the next run resumes
+    them), after writing every thread's stack to the log: what the leaving was waiting for."""
 
     def handler(signum, frame):
-        logger.info("signal %d: finishing the round and leaving the swarm", signum)
+        if stop_event.is_set():
+            logger.warning("signal %d again: exiting now, without leaving the swarm (the threads were at:)", signum)
+            faulthandler.dump_traceback(all_threads=True)
+            os._exit(SECOND_SIGNAL_EXIT)
+        logger.info("signal %d: finishing the round and leaving the swarm (again to exit at once)", signum)
         stop_event.set()
 
     signal.signal(signal.SIGTERM, handler)

@@ -67,3 +67,25 @@ def test_spec_of_another_swarm_is_refused(spec_file, tmp_path):
     assert proc.returncode == 2
     [line] = error_lines(proc)
     assert "serves swarm 'test'" in line and "use that swarm's spec file" in line
+
+
+def test_a_second_signal_while_leaving_exits_at_once_and_logs_where_the_threads_were():
+    """The first SIGTERM (or Ctrl-C) finishes the round and leaves the swarm; a second one, while it is still leaving,
+    ends the process at once with exit code 130, its threads' stacks in the log (a node once took 90 s to leave).
+    In a process of its own that stands for a node stuck leaving (it sleeps)."""
+    code = ("import logging, os, signal, threading, time\n"
+            "from pathswarm.node.peer.node import stop_on_signals\n"
+            "logging.basicConfig(level=logging.INFO)\n"
+            "stop = threading.Event()\n"
+            "stop_on_signals(stop)\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(0.2)\n"
+            "assert stop.is_set()\n"
+            "print('leaving', flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(30)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert proc.stdout == "leaving\n"
+    assert "signal 15: finishing the round and leaving the swarm (again to exit at once)" in proc.stderr
+    assert "signal 15 again: exiting now" in proc.stderr and "most recent call first" in proc.stderr
