@@ -310,4 +310,7 @@ def faults_from_env() -> tuple[set[tuple[str, int]], dict[tuple[str, int], str],
             die[(module, -1 if round_ == "*" else int(round_))] = "last" if tail == "exit-last" else "first"
         else:
             drop.add((head, int(tail)))
+    if drop or die:  # never silent: a node that drops or dies on purpose says so first
+        logger.warning("fault injection for tests is on (PATHSWARM_TEST_DROP_REPLY): this node will drop or die "
+                       "while replying to rounds of %s", ", ".join(sorted({m for m, _ in drop | set(die)})))
     return drop, die, os.environ.get("PATHSWARM_TEST_EXIT_ARM", "")
