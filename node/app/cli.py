@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from pathswarm import __version__
+from pathswarm.logs import LEVELS, level_of, setup_logging
 from pathswarm.node.app.cli_common import friendly, load_spec_option
 from pathswarm.node.app.cli_model import demo, eval_cmd, generate, simulate
 from pathswarm.node.app.cli_node import bootstrap, node
@@ -57,8 +58,17 @@ PASSPHRASE_ENV = "PATHSWARM_OWNER_PASSPHRASE"
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="pathswarm")
 @click.option("--debug", is_flag=True, help="Show full tracebacks and debug logs.")
+@click.option("-v", "--verbose", count=True, help="More log lines (-v: debug).")
+@click.option("-q", "--quiet", count=True, help="Fewer log lines (-q: warnings and errors only, -qq: errors only).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+              default=None, help="The log level outright (instead of -v / -q); hivemind's own logs follow it too.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
+              help="text (the default) or json: one JSON object per line (time, level, logger, message), for log "
+                   "collectors. Both options also read $PATHSWARM_LOG_LEVEL and $PATHSWARM_LOG_FORMAT, which this "
+                   "command sets for the processes it starts (a local swarm's nodes).")
 @click.pass_context
-def main(ctx: click.Context, debug: bool) -> None:
+def main(ctx: click.Context, debug: bool, verbose: int, quiet: int, log_level: str | None,
+         log_format: str | None) -> None:
     """pathswarm: train one modular language model (DiPaCo) with strangers' GPUs, peer to peer.
 
     \b
@@ -69,8 +79,15 @@ def main(ctx: click.Context, debug: bool) -> None:
       pathswarm demo                              # the quickstart: a short local swarm
     """
     ctx.obj = {"debug": debug}
-    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    inherited = os.environ.get("PATHSWARM_LOG_LEVEL", "").lower()
+    if not (verbose or quiet or log_level) and inherited in LEVELS:
+        log_level = inherited
+    level = logging.DEBUG if debug else level_of(verbose, quiet, log_level)
+    log_format = log_format or ("json" if os.environ.get("PATHSWARM_LOG_FORMAT") == "json" else "text")
+    setup_logging(level, log_format)
+    # Processes this one starts (a local swarm's nodes, the demo's) log the same way: they read these.
+    os.environ["PATHSWARM_LOG_LEVEL"] = logging.getLevelName(level).lower()
+    os.environ["PATHSWARM_LOG_FORMAT"] = log_format
 
 
 # ---- swarm ---------------------------------------------------------------------------------------

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pathswarm.logs import human_bytes
 
-def fmt_bytes(n: float) -> str:
-    """1234567 → '1.2 MB' (decimal units, as network traffic is usually read)."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000:
-            return f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} PB"
+fmt_bytes = human_bytes
+"""1234567 → '1.2 MB' (decimal units, as network traffic is usually read): the logs' own (pathswarm/logs.py)."""
 
 
 def count(n: int, noun: str) -> str:

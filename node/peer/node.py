@@ -32,6 +32,7 @@ import time
 
 import torch
 
+from pathswarm.logs import human_bytes
 from pathswarm.node.model.data import DataSpec, TokenSampler, load_documents, split
 from pathswarm.node.model.router import documents_of_path
 from pathswarm.node.peer.announce import Announcer
@@ -293,8 +294,8 @@ class Node:
                 self.chores.submit("splits", self.splits.look)
         with self.work("status"):
             self._write_status()
-        logger.info("round %d: loss %.4f, %.0f tok/s, group %d, sent %d B, received %d B", st.round, st.loss,
-                    st.tokens_per_s, st.last_group, st.bytes_sent, st.bytes_received)
+        logger.info("round %d: loss %.4f, %.0f tok/s, group %d, sent %s, received %s", st.round, st.loss,
+                    st.tokens_per_s, st.last_group, human_bytes(st.bytes_sent), human_bytes(st.bytes_received))
 
     def _serve_last_frames(self) -> None:
         wait = linger_s(self.exchange.since_last_close_s() if self.exchange is not None else None,

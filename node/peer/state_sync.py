@@ -261,8 +261,11 @@ class StateSync:
     def _adopt(self, mid: str, got: OuterState, source: str, keep_progress: bool, expect: Vouched | None) -> bool:
         # the fetch checked that the state hashes to the digest its server(s) sent with it
         if expect is not None and (got.round, got.digest()) != (expect.round, expect.digest):
-            logger.warning("state of %s from %s is round %d %s, not the vouched round %d %s; ignored", mid,
-                           source, got.round, got.digest(), expect.round, expect.digest)
+            # A holder that moved on since it announced serves its newer state: normal while a group trains (the
+            # announcements lag a round), an INFO; another state at the vouched round or before is worth a WARN.
+            logger.log(logging.INFO if got.round > expect.round else logging.WARNING,
+                       "state of %s from %s is round %d %s, not the vouched round %d %s; ignored", mid, source,
+                       got.round, got.digest(), expect.round, expect.digest)
             return False
         if expect is not None and expect.reducers and list_digest(got.reducers) != expect.reducers:
             logger.warning("state of %s from %s comes with a reducer list its other announcers do not hold; ignored",

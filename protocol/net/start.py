@@ -22,12 +22,17 @@ import hivemind
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import RecordValidatorBase
+from hivemind.utils.logging import use_hivemind_log_handler
 from multiaddr import Multiaddr
 
 from pathswarm.protocol.net.identity import generate_identity, load_identity
 from pathswarm.protocol.net.swarm_net import SwarmNet
 from pathswarm.protocol.net.validator import SwarmRecordValidator, peer_id_of_owner
 from pathswarm.protocol.spec import SwarmSpec
+
+# hivemind's loggers propagate to ours (pathswarm/logs.py): one handler, one level (`-q` quiets them too), and JSON
+# lines with `--log-format json`, instead of hivemind's own colored handler at its own level.
+use_hivemind_log_handler("nowhere")
 
 LOOPBACK_MADDRS = ("/ip4/127.0.0.1/tcp/0",)
 """Where a peer listens unless told otherwise: loopback, a free port."""
