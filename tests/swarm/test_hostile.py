@@ -160,6 +160,7 @@ def test_a_peer_claiming_a_later_round_cannot_replace_a_modules_state(tmp_path, 
         swarm.close()
 
 
+@pytest.mark.slow  # ~36 s: in `make test-slow` (CI runs it too); the default suite was at 9:33 of 10 min
 def test_a_stranger_can_neither_stuff_the_dht_nor_flood_a_node(tmp_path, clean_loss):
     """Two strangers at once (one swarm run for both: the suite's time). tests/hostile_dht.py writes, while the swarm
     trains, a key outside the swarm, a claim that would outlive every TTL, an oversized announcement and two

@@ -223,6 +223,7 @@ def test_the_cli_refuses_missing_wrong_or_expired_membership(private, tmp_path):
                                                        str(unreadable)))
 
 
+@pytest.mark.slow  # ~40 s: in `make test-slow` (CI runs it too); the default suite was at 9:33 of 10 min
 def test_a_revoked_member_is_shut_out_within_a_few_rounds_and_the_others_train_on(private, tmp_path):
     """`pathswarm swarm revoke` publishes the owner's signed list; every node reads it once a round (and relays it),
     then refuses the revoked peer's claims, records, contributions and state requests."""
