@@ -38,6 +38,7 @@ class FramesMissingError(LookupError):
     """The peer answered that it keeps no frames of the round asked for (it did not reduce it, or no longer has them:
     a restarted reducer); raised by protocol/rounds/audit.py's `fetch_frames`."""
 
+
 class WireError(ValueError):
     """A peer sent a malformed, oversized or truncated message."""
 

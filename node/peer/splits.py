@@ -46,14 +46,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 AHEAD_PATIENCE_GRACES = 2
+"""Grace windows a node ahead alone waits, seeing the same older majority state, before it goes back to it: the
+others' announcements lag their rounds by a DHT store (seconds when a store meets a dead peer), and one grace window
+once took a group a moment behind for one that had stopped."""
 AHEAD_STRANGERS_PATIENCE_GRACES = 4
 """The same wait when the older state's vouchers include claimants we never merged with: a node just restarted from
 an older checkpoint (its new identity beside its old one, whose claim lapses within the claim TTL) vouches for the
 state it restarted on until it has caught up, some seconds later. Going back on its word discarded 6 good rounds
 (benchmarks/restarts.py --kill replying); not counting such peers at all left a node ahead alone for good."""
-"""Grace windows a node ahead alone waits, seeing the same older majority state, before it goes back to it: the
-others' announcements lag their rounds by a DHT store (seconds when a store meets a dead peer), and one grace window
-once took a group a moment behind for one that had stopped."""
 
 
 @dataclass(frozen=True)

@@ -175,11 +175,10 @@ class AuditService:
 
         try:
             return await asyncio.wait_for(go(), timeout_s)
-        except (FramesMissingError, UnreachableError) as e:
-            logger.info("frames of %s round %d from %s: %s", module, round_, peer[-8:], e)
-            raise
         except Exception as e:  # refused, timed out, malformed: the audit cannot run this time
             logger.info("frames of %s round %d from %s: %s", module, round_, peer[-8:], e)
+            if isinstance(e, FramesMissingError | UnreachableError):
+                raise  # answers that will not change soon: the caller stops asking
             return None
 
     async def _on_alert(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -173,30 +173,39 @@ class Service:
         """Download a module's state from a peer (`round_`: the round wanted, -1: the newest): None if it fails, is
         refused, is later than the swarm's age allows, holds non-finite values, or does not hash to the digest the
         peer sent with it. The caller checks that digest against the one a majority vouches for."""
+        numel = self.ctx.numels[module]
+        got = await self._ask_state(peer, StateRequest(module, self.ctx.membership, round_), timeout_s)
+        if got is None:
+            return None
+        reply, payload = got
+        if reply.status != "ok" or len(payload) != 8 * numel or not self._in_age(module, peer, reply.round):
+            return None
+        return await self._assemble(module, peer[-8:], reply, bytearray(payload))
+
+    async def _ask_state(self, peer: str, ask: StateRequest, timeout_s: float) -> tuple[StateReply, bytes] | None:
+        """One state request to `peer` and its reply (payload at most the whole state); None when it cannot be had:
+        unreachable, refused, timed out, malformed (logged: the caller asks another source)."""
         ctx, streams = self.ctx, self.ctx.streams
         assert streams is not None
-        numel = ctx.numels[module]
+        what = ask.module if ask.parts == 1 else f"part {ask.part + 1}/{ask.parts} of {ask.module}"
 
         async def go() -> tuple[dict, bytes]:
             reader, writer = await streams.open(peer, ctx.name("state"))
             try:
-                await write_message(writer, StateRequest(module, ctx.membership, round_).header(), b"", ctx.traffic)
-                return await read_message(reader, 8 * numel, ctx.traffic)
+                await write_message(writer, ask.header(), b"", ctx.traffic)
+                return await read_message(reader, 8 * ctx.numels[ask.module], ctx.traffic)
             finally:
                 writer.close()
 
         try:
             header, payload = await asyncio.wait_for(go(), timeout_s)
             if (refusal := Refusal.parse(header)) is not None:
-                logger.warning("state download of %s refused by %s: %s", module, peer[-8:], refusal.reason)
+                logger.warning("state download of %s refused by %s: %s", what, peer[-8:], refusal.reason)
                 return None
-            reply = StateReply.parse(header)
+            return StateReply.parse(header), payload
         except Exception as e:  # unreachable peer, timeout, malformed message: try another source
-            logger.info("state download of %s from %s failed: %s", module, peer[-8:], e)
+            logger.info("state download of %s from %s failed: %s", what, peer[-8:], e)
             return None
-        if reply.status != "ok" or len(payload) != 8 * numel or not self._in_age(module, peer, reply.round):
-            return None
-        return await self._assemble(module, peer[-8:], reply, bytearray(payload))
 
     def _in_age(self, module: str, peer: str, round_: int) -> bool:
         limit = self.ctx.spec.round_limit(time.time())
@@ -227,8 +236,8 @@ class Service:
         part that fails is asked of the next peer): None when a part cannot be had from any of them, the parts name
         different reducer lists, or the whole does not hash to `digest`. Every part must come with that round and
         digest. A peer from before parts answers with the whole state, which is taken as it is."""
-        ctx, streams = self.ctx, self.ctx.streams
-        assert streams is not None and peers
+        ctx = self.ctx
+        assert peers
         numel = ctx.numels[module]
         k = parts_for(len(peers), 2 * numel)
         buffer = bytearray(8 * numel)
@@ -238,22 +247,10 @@ class Service:
         async def one(part: int, peer: str) -> bool:
             nonlocal whole
             start, end = part_bounds(2 * numel, k, part)
-
-            async def go() -> tuple[dict, bytes]:
-                reader, writer = await streams.open(peer, ctx.name("state"))
-                try:
-                    ask = StateRequest(module, ctx.membership, round_, part, k)
-                    await write_message(writer, ask.header(), b"", ctx.traffic)
-                    return await read_message(reader, 8 * numel, ctx.traffic)
-                finally:
-                    writer.close()
-
-            try:
-                header, payload = await asyncio.wait_for(go(), timeout_s)
-                reply = StateReply.parse(header)
-            except Exception as e:  # unreachable, refused, timed out, malformed: the next peer is asked
-                logger.info("part %d/%d of %s's state from %s failed: %s", part + 1, k, module, peer[-8:], e)
+            got = await self._ask_state(peer, StateRequest(module, ctx.membership, round_, part, k), timeout_s)
+            if got is None:  # the next peer is asked
                 return False
+            reply, payload = got
             if reply.status != "ok" or (reply.round, reply.digest) != (round_, digest):
                 return False
             if reply.parts == 1 and len(payload) == 8 * numel:  # a peer from before parts: the whole state

@@ -328,71 +328,14 @@ def test_probation_counts_per_reducer_and_module():
     assert all(a.passed[("QmR", m)] == NEW_REDUCER_AUDITS for m in ("m1", "m2", "m3"))
 
 
-@pytest.mark.parametrize("outcome, attempts, why", [
-    ("missing", 1, "keeps no frames of the round"),
-    ("unreachable", 2, "cannot be reached"),
-    ("busy", None, "did not show the frames"),
-])
-def test_a_check_before_applying_ends_at_once_on_an_answer_that_will_not_change(outcome, attempts, why):
-    """A reducer restarted since (or a member that relayed a result it did not reduce) keeps no frames, and a dead
-    one cannot be dialed: waiting the averaging timeout for them held a restarted node's modules some 10 rounds
-    behind (benchmarks/restarts.py --kill replying). A download refused as busy is retried until the timeout."""
-    import time
-    from concurrent.futures import Future
-
-    from pathswarm.node.peer.audit import Auditor
-    from pathswarm.node.peer.config import NodeConfig, NodeStatus
-    from pathswarm.protocol.wire import FramesMissingError, UnreachableError
-
-    spec = SwarmSpec(name="audit", averaging=AveragingSpec(grace_s=0.5, timeout_s=2.0))
-    result, _, _ = closed_round()
-
-    class Audits:
-        def fetch_frames(self, *args, **kwargs):
-            async def nothing():  # the download is tested end to end; here only its outcome matters
-                return None
-            return nothing()
-
-    class Exchange:
-        distrusted: dict = {}
-        numels = {"m": NUMEL}
-        audits = Audits()
-
-    class Net:
-        calls = 0
-
-        def submit(self, coro):
-            coro.close()
-            Net.calls += 1
-            done: Future = Future()
-            if outcome == "missing":
-                done.set_exception(FramesMissingError("QmR keeps no frames of m round 0"))
-            elif outcome == "unreachable":
-                done.set_exception(UnreachableError("QmR cannot be reached: failed to dial"))
-            else:
-                done.set_result(None)  # refused as busy
-            return done
-
-    a = Auditor(NodeConfig(spec=spec, audit_rate=0.2), NodeStatus(peer_id="QmMe"), Exchange(), Net())
-    t0 = time.monotonic()
-    reason = a.record("m", dataclasses.replace(result, reducer="QmR"), 0.0, (1, b""), PEERS)
-    assert why in reason and "not audited yet" in reason
-    if attempts is not None:
-        assert Net.calls == attempts and time.monotonic() - t0 < 1.5
-    else:
-        assert Net.calls >= 2 and time.monotonic() - t0 >= 1.0  # retried, until the averaging timeout
-
-
-def test_a_result_listing_an_earlier_frame_of_ours_is_checked_with_that_frame_from_the_reducer():
-    """The reducer merged a frame we sent before (a resend, or our run before a restart): the check must download
-    that frame too, not put our current one in its place (which failed every such check as "frames the result does
-    not list": benchmarks/restarts.py --kill replying)."""
+def auditor_fetching(spec, me: str, outcome):
+    """An Auditor whose frame downloads end as `outcome(skip)` says (the frames, None, or an exception raised), and
+    the `skip` of every download it asked for: the download itself is tested end to end."""
     from concurrent.futures import Future
 
     from pathswarm.node.peer.audit import Auditor
     from pathswarm.node.peer.config import NodeConfig, NodeStatus
 
-    result, _, sent = closed_round()  # QmA, QmB, QmC contributed; we are QmA and now hold another frame
     asked: list = []
 
     class Audits:
@@ -412,11 +355,52 @@ def test_a_result_listing_an_earlier_frame_of_ours_is_checked_with_that_frame_fr
         def submit(self, coro):
             coro.close()
             done: Future = Future()
-            done.set_result({p: f for p, f in sent.items() if p != asked[-1]})  # the reducer serves what is asked
+            got = outcome(asked[-1])
+            if isinstance(got, Exception):
+                done.set_exception(got)
+            else:
+                done.set_result(got)
             return done
 
+    return Auditor(NodeConfig(spec=spec, audit_rate=0.2), NodeStatus(peer_id=me), Exchange(), Net()), asked
+
+
+@pytest.mark.parametrize("outcome, attempts, why", [
+    ("missing", 1, "keeps no frames of the round"),
+    ("unreachable", 2, "cannot be reached"),
+    ("busy", None, "did not show the frames"),
+])
+def test_a_check_before_applying_ends_at_once_on_an_answer_that_will_not_change(outcome, attempts, why):
+    """A reducer restarted since (or a member that relayed a result it did not reduce) keeps no frames, and a dead
+    one cannot be dialed: waiting the averaging timeout for them held a restarted node's modules some 10 rounds
+    behind (benchmarks/restarts.py --kill replying). A download refused as busy is retried until the timeout."""
+    import time
+
+    from pathswarm.protocol.wire import FramesMissingError, UnreachableError
+
+    spec = SwarmSpec(name="audit", averaging=AveragingSpec(grace_s=0.5, timeout_s=2.0))
+    result, _, _ = closed_round()
+    ends = {"missing": FramesMissingError("QmR keeps no frames of m round 0"),
+            "unreachable": UnreachableError("QmR cannot be reached: failed to dial"),
+            "busy": None}  # refused as busy
+    a, asked = auditor_fetching(spec, "QmMe", lambda skip: ends[outcome])
+    t0 = time.monotonic()
+    reason = a.record("m", dataclasses.replace(result, reducer="QmR"), 0.0, (1, b""), PEERS)
+    assert why in reason and "not audited yet" in reason
+    if attempts is not None:
+        assert len(asked) == attempts and time.monotonic() - t0 < 1.5
+    else:
+        assert len(asked) >= 2 and time.monotonic() - t0 >= 1.0  # retried, until the averaging timeout
+
+
+def test_a_result_listing_an_earlier_frame_of_ours_is_checked_with_that_frame_from_the_reducer():
+    """The reducer merged a frame we sent before (a resend, or our run before a restart): the check must download
+    that frame too, not put our current one in its place (which failed every such check as "frames the result does
+    not list": benchmarks/restarts.py --kill replying)."""
+    result, _, sent = closed_round()  # QmA, QmB, QmC contributed; we are QmA and now hold another frame
+
     for own, skip in (((5, b"a frame of ours sent since"), ""), (sent["QmA"], "QmA")):
-        asked.clear()
-        a = Auditor(NodeConfig(spec=SPEC, audit_rate=0.2), NodeStatus(peer_id="QmA"), Exchange(), Net())
+        # the reducer serves what is asked
+        a, asked = auditor_fetching(SPEC, "QmA", lambda skipped: {p: f for p, f in sent.items() if p != skipped})
         assert a.record("m", dataclasses.replace(result, reducer="QmR"), 0.0, own, PEERS) == ""  # checked, passed
         assert asked == [skip] and a.passed[("QmR", "m")] == 1

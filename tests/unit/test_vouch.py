@@ -1,6 +1,8 @@
 """Which announced state a node that is told it is behind may adopt (node/peer/vouch.py): a majority's, never one
 peer's."""
 
+import pytest
+
 from pathswarm.node.peer.vouch import Announced as A
 from pathswarm.node.peer.vouch import Vouched, counted_peers, majority_state, vouched_state
 
@@ -84,17 +86,16 @@ def test_the_reducer_list_a_download_must_bring_is_the_one_most_of_the_states_an
     assert majority_state([A("a", 7, "d7"), A("b", 7, "d7")], "me", {"a", "b"}) == Vouched(7, "d7", ("a", "b"), "")
 
 
-def test_a_download_with_another_reducer_list_than_the_vouched_one_is_refused(synthetic_docs):
-    import torch
-
+@pytest.fixture
+def sync(synthetic_docs):
+    """A node's StateSync over a real worker of a 1-level spec and an offline exchange (the tests put its downloads
+    in: the exchange's own are tested end to end in tests/swarm)."""
     from pathswarm.node.model.data import TokenSampler
     from pathswarm.node.peer.config import NodeStatus
     from pathswarm.node.peer.state_sync import StateSync
     from pathswarm.node.train.worker import PathWorker
     from pathswarm.protocol.netloop import NetLoop
     from pathswarm.protocol.rounds.exchange import ModuleExchange
-    from pathswarm.protocol.rounds.outer import OuterState, state_digest
-    from pathswarm.protocol.rounds.reducers import list_digest
     from pathswarm.protocol.spec import ModelSpec, SwarmSpec
 
     spec = SwarmSpec(levels=(1,), model=ModelSpec(width=32, base_width=32, n_heads=2, layers_per_module=1,
@@ -102,8 +103,22 @@ def test_a_download_with_another_reducer_list_than_the_vouched_one_is_refused(sy
     sampler = TokenSampler(synthetic_docs, spec.model.context_len, seed=0)
     worker = PathWorker(spec, (0,), lambda: sampler.sample(2))
     numels = {m: worker.flat(m).numel() for m in worker.module_ids}
-    exchange = ModuleExchange(spec, None, "me", numels, lambda m: None)
-    anchor = torch.full((numels["shared"],), 0.5)
+    net = NetLoop()
+    try:
+        yield StateSync(spec, worker, NodeStatus(peer_id="me"), ModuleExchange(spec, None, "me", numels,
+                                                                               lambda m: None), net)
+    finally:
+        net.stop()
+
+
+def test_a_download_with_another_reducer_list_than_the_vouched_one_is_refused(sync):
+    import torch
+
+    from pathswarm.protocol.rounds.outer import OuterState, state_digest
+    from pathswarm.protocol.rounds.reducers import list_digest
+
+    worker = sync.worker
+    anchor = torch.full((worker.flat("shared").numel(),), 0.5)
     momentum = torch.zeros_like(anchor)
     digest = state_digest(anchor, momentum, 7)
     served = {"a": ("a", "b"), "liar": ("liar", "a", "b")}  # the same state, each with its own list
@@ -112,39 +127,22 @@ def test_a_download_with_another_reducer_list_than_the_vouched_one_is_refused(sy
         assert round_ == 7  # the vouched round: a reducer serves it rather than the state after its newer rounds
         return OuterState(anchor.clone(), momentum.clone(), 7, served[peer])
 
-    exchange.fetch_state = fetch_state  # the exchange's own download is tested end to end (tests/swarm)
-    net = NetLoop()
-    try:
-        sync = StateSync(spec, worker, NodeStatus(peer_id="me"), exchange, net)
-        vouched = Vouched(7, digest, ("a", "b", "liar"), list_digest(("a", "b")))
-        assert not sync.download("shared", "liar", expect=vouched)  # its list is not the one most announcers hold
-        assert worker.outer["shared"].round == 0
-        assert sync.download("shared", "a", expect=vouched)
-        assert worker.outer["shared"].round == 7 and worker.outer["shared"].reducers == ("a", "b")
-    finally:
-        net.stop()
+    sync.exchange.fetch_state = fetch_state
+    vouched = Vouched(7, digest, ("a", "b", "liar"), list_digest(("a", "b")))
+    assert not sync.download("shared", "liar", expect=vouched)  # its list is not the one most announcers hold
+    assert worker.outer["shared"].round == 0
+    assert sync.download("shared", "a", expect=vouched)
+    assert worker.outer["shared"].round == 7 and worker.outer["shared"].reducers == ("a", "b")
 
 
-def test_a_vouched_state_is_downloaded_in_parts_from_its_holders_and_checked_like_a_whole_one(synthetic_docs):
+def test_a_vouched_state_is_downloaded_in_parts_from_its_holders_and_checked_like_a_whole_one(sync):
     import torch
 
-    from pathswarm.node.model.data import TokenSampler
-    from pathswarm.node.peer.config import NodeStatus
-    from pathswarm.node.peer.state_sync import StateSync
-    from pathswarm.node.train.worker import PathWorker
-    from pathswarm.protocol.netloop import NetLoop
-    from pathswarm.protocol.rounds.exchange import ModuleExchange
     from pathswarm.protocol.rounds.outer import OuterState, state_digest
     from pathswarm.protocol.rounds.reducers import list_digest
-    from pathswarm.protocol.spec import ModelSpec, SwarmSpec
 
-    spec = SwarmSpec(levels=(1,), model=ModelSpec(width=32, base_width=32, n_heads=2, layers_per_module=1,
-                                                  context_len=16))
-    sampler = TokenSampler(synthetic_docs, spec.model.context_len, seed=0)
-    worker = PathWorker(spec, (0,), lambda: sampler.sample(2))
-    numels = {m: worker.flat(m).numel() for m in worker.module_ids}
-    exchange = ModuleExchange(spec, None, "me", numels, lambda m: None)
-    anchor = torch.full((numels["shared"],), 0.25)
+    worker = sync.worker
+    anchor = torch.full((worker.flat("shared").numel(),), 0.25)
     momentum = torch.zeros_like(anchor)
     digest = state_digest(anchor, momentum, 9)
     asked: list = []
@@ -154,22 +152,17 @@ def test_a_vouched_state_is_downloaded_in_parts_from_its_holders_and_checked_lik
         asked.append((tuple(peers), round_, want))
         return OuterState(anchor.clone(), momentum.clone(), 9, lists["ab"])
 
-    exchange.fetch_state_parts = fetch_state_parts
-    net = NetLoop()
-    try:
-        sync = StateSync(spec, worker, NodeStatus(peer_id="me"), exchange, net)
-        sync.clients = {"nat"}
-        one = Vouched(9, digest, ("a", "nat"), list_digest(("a", "b")))
-        assert not sync.download_parts("shared", one) and asked == []  # one dialable holder: whole, as before
-        both = Vouched(9, digest, ("a", "b", "nat"), list_digest(("a", "b")))
-        lists["ab"] = ("liar", "a")  # parts that bring another list than the vouched one are refused
-        assert not sync.download_parts("shared", both) and worker.outer["shared"].round == 0
-        lists["ab"] = ("a", "b")
-        assert sync.download_parts("shared", both)
-        assert asked[-1] == (("a", "b"), 9, digest)  # from every dialable holder, for the vouched state
-        assert worker.outer["shared"].round == 9 and torch.equal(worker.outer["shared"].anchor, anchor)
-    finally:
-        net.stop()
+    sync.exchange.fetch_state_parts = fetch_state_parts
+    sync.clients = {"nat"}
+    one = Vouched(9, digest, ("a", "nat"), list_digest(("a", "b")))
+    assert not sync.download_parts("shared", one) and asked == []  # one dialable holder: whole, as before
+    both = Vouched(9, digest, ("a", "b", "nat"), list_digest(("a", "b")))
+    lists["ab"] = ("liar", "a")  # parts that bring another list than the vouched one are refused
+    assert not sync.download_parts("shared", both) and worker.outer["shared"].round == 0
+    lists["ab"] = ("a", "b")
+    assert sync.download_parts("shared", both)
+    assert asked[-1] == (("a", "b"), 9, digest)  # from every dialable holder, for the vouched state
+    assert worker.outer["shared"].round == 9 and torch.equal(worker.outer["shared"].anchor, anchor)
 
 
 def test_a_holder_a_round_ahead_still_vouches_for_the_state_before():
