@@ -156,6 +156,8 @@ class SwarmSpec:
         out = to_plain(self)
         if not self.created:
             del out["created"]  # not stated: the id of a spec written before the field stays what it was
+        if self.averaging.slices == 1:
+            del out["averaging"]["slices"]  # the default, as before the field existed: the same id
         return out
 
     def canonical_json(self) -> str:

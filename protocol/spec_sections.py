@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+MAX_SLICES = 64
+"""Most slices a spec may cut a module's round into (`[averaging] slices`): a member opens a stream per slice."""
+
 
 class SpecError(ValueError):
     """A swarm spec is invalid; the message names the offending key."""
@@ -178,6 +181,9 @@ class AveragingSpec:
     """CenteredClip iterations."""
     max_rejections: int = 3
     """A peer whose contributions were rejected this many times is ignored by the reducer for the session."""
+    slices: int = 1
+    """Most slices a module's round is cut into, each reduced by a different member (protocol/rounds/slices.py): a
+    round has min(this, its members, one per 4096 values) slices. 1: one reducer per module and round."""
 
     def validate(self) -> None:
         require(self.min_group > 0, "averaging.min_group", "must be positive")
@@ -188,6 +194,7 @@ class AveragingSpec:
         require(self.clip_factor >= 0, "averaging.clip_factor", "must be >= 0")
         require(1 <= self.clip_iterations <= 1000, "averaging.clip_iterations", "must be in 1..1000")
         require(self.max_rejections >= 1, "averaging.max_rejections", "must be >= 1")
+        require(1 <= self.slices <= MAX_SLICES, "averaging.slices", f"must be in 1..{MAX_SLICES}")
 
 
 @dataclass(frozen=True)

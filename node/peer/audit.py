@@ -32,6 +32,7 @@ from pathswarm.protocol.rounds.audit import FRAMES_KEPT, Alert
 from pathswarm.protocol.rounds.exchange import ModuleExchange
 from pathswarm.protocol.rounds.messages import FrameEntry, RoundReply, frame_hash
 from pathswarm.protocol.rounds.rule import audit_mean
+from pathswarm.protocol.rounds.slices import module_of_unit
 from pathswarm.protocol.wire import FramesMissingError, UnreachableError
 
 logger = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ class Auditor:
         rate = self.cfg.audit_rate
         if rate <= 0:
             return ""
-        if suspect or self.passed.get((reducer, module), 0) < NEW_REDUCER_AUDITS:
+        if suspect or self.passed.get((reducer, module_of_unit(module)), 0) < NEW_REDUCER_AUDITS:
             return self._verify_now(module, result.round, reducer)
         if self.rng.random() < min(1.0, rate / audit_group_size(result.contributors, holders)):
             self._fetch(module, result.round, reducer, None)
@@ -207,7 +208,7 @@ class Auditor:
         next round is sent: a round sent to a reducer our audit is about to prove a liar would merge us with it
         while the rest of the group has left it (a split). Checks of others' alerts do not hold the send."""
         self.poll()
-        for check in [c for c in self.checks if c.module == module and c.alert is None]:
+        for check in [c for c in self.checks if module_of_unit(c.module) == module and c.alert is None]:
             try:
                 check.future.result(max(0.0, deadline - time.monotonic()))
             except Exception:
@@ -250,7 +251,7 @@ class Auditor:
                 self._mismatch_now = True
         if check.alert is None:
             if frames is None:
-                if self.passed.get((got.reducer, check.module), 0) >= NEW_REDUCER_AUDITS:
+                if self.passed.get((got.reducer, module_of_unit(check.module)), 0) >= NEW_REDUCER_AUDITS:
                     # A random audit it did not answer (refused, timed out, frames it no longer keeps): proof of
                     # nothing to the others, so nobody leaves it, but we check its next rounds before applying them
                     # again. A liar that hides its frames then gets no round applied here; an honest reducer that
@@ -273,7 +274,7 @@ class Auditor:
         if proof is None:
             if check.alert is None:
                 self._passed_now = True
-                key = (got.reducer, check.module)
+                key = (got.reducer, module_of_unit(check.module))  # a slice's checks count for its module
                 if key in self.passed or len(self.passed) < MAX_PASSED:
                     self.passed[key] = self.passed.get(key, 0) + 1
             return ""

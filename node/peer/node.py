@@ -341,10 +341,12 @@ def linger_s(since_last_close_s: float | None, grace_s: float) -> float:
     """How long a node that ends its run (not by a signal) keeps serving after the last round it reduced: members
     check a reducer's first rounds of each module before applying them (node/peer/audit.py), downloading its frames
     right after the reply; a reducer gone by then fails the round for them, and they reduce it again alone: a split
-    with the departed node (tests/swarm/test_hostile.py saw one)."""
-    if since_last_close_s is None:
+    with the departed node (tests/swarm/test_hostile.py saw one). Counted from now when we closed a round in the last
+    two grace windows: a round in slices (protocol/rounds/slices.py) ends for us when the last of its slices does, a
+    grace window after we closed ours at most, and its members check the slices one after another."""
+    if since_last_close_s is None or since_last_close_s > 2 * grace_s + LINGER_EXTRA_S:
         return 0.0
-    return max(0.0, min(grace_s, LINGER_MAX_S) + LINGER_EXTRA_S - since_last_close_s)
+    return min(grace_s, LINGER_MAX_S) + LINGER_EXTRA_S
 
 
 LINGER_EXTRA_S, LINGER_MAX_S = 1.0, 2.0  # the checks start as the replies land: a few seconds cover them

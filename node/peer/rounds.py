@@ -22,16 +22,31 @@ from pathswarm.node.peer.audit import Auditor
 from pathswarm.node.peer.claims import Groups
 from pathswarm.node.peer.config import NodeConfig, NodeStatus
 from pathswarm.node.peer.resyncs import Resyncs
-from pathswarm.node.train.round import Contribution, make_contribution, settle
+from pathswarm.node.train.round import (
+    Contribution,
+    Settlement,
+    make_slice_contributions,
+    restore_feedback,
+    settle,
+    settle_slices,
+)
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.rounds.exchange import ModuleExchange
-from pathswarm.protocol.rounds.heal import AppliedLog, heal
+from pathswarm.protocol.rounds.heal import AppliedLog, AppliedPart, heal
 from pathswarm.protocol.rounds.messages import RoundReply, RoundStatus
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducer_state import RANK_LOST
 from pathswarm.protocol.rounds.reducers import candidates
-from pathswarm.protocol.rounds.rule import RoundError, decode_mean, mean_bound, reference_norm, suspicious
+from pathswarm.protocol.rounds.rule import (
+    RoundError,
+    beyond_bound,
+    decode_mean,
+    mean_bound,
+    reference_norm,
+    suspicious,
+)
+from pathswarm.protocol.rounds.slices import Unit, slice_count, units_of, view
 
 logger = logging.getLogger(__name__)
 
@@ -40,17 +55,36 @@ MERGED_LOG_ROUNDS = 64
 
 
 @dataclass
-class InFlight:
-    """One module's round sent and not settled yet."""
+class UnitFlight:
+    """One unit of a module's round in flight: the whole module, or one of its slices (protocol/rounds/slices.py)."""
 
+    unit: Unit
     future: Future
     sent: Contribution
     reducer: str
-    """The first candidate to reduce the round: the peer to re-sync from if the group is elsewhere."""
+    """The first candidate to reduce the unit's round: the peer to re-sync from if the group is elsewhere."""
     order: tuple[str, ...] = ()
-    """Every candidate, in the agreed failover order."""
+    """Every candidate, in the agreed failover order (a slice's: rotated)."""
     retried: bool = False
     """Sent again after its reducer was proven a liar (`_retry_after_lie`): once per round."""
+    result: RoundReply | None = None
+    """The reply once it is in and checked (`_check_unit`): the round is settled when every unit has one."""
+    bound: float | None = None
+    mean: torch.Tensor | None = None
+    discard: bool = False
+
+
+@dataclass
+class InFlight:
+    """One module's round sent and not settled yet: its units, one per slice (one when the round is not sliced)."""
+
+    sent: Contribution
+    """The module's: its weights at the send (`merged_base`) and tokens (the unit's own contribution when K = 1)."""
+    units: list[UnitFlight]
+
+    @property
+    def reducer(self) -> str:
+        return self.units[0].reducer
 
 
 class Rounds:
@@ -78,8 +112,10 @@ class Rounds:
         self.applied = AppliedLog()  # the means we applied lately: a liar's rounds are undone once it is proven one
 
     def send(self, groups: Groups) -> None:
-        """Every module's outer gradient to its reducer; the rounds run in the background. Who reduces follows from
-        the last round's result (the module state's `reducers`), else, before any, from the claims."""
+        """Every module's outer gradient to its reducers; the rounds run in the background. Who reduces follows from
+        the last round's result (the module state's `reducers`), else, before any, from the claims. A module's round
+        is cut into slices when the spec allows it and the list names enough members (protocol/rounds/slices.py):
+        one contribution per slice, each to its own rotation of the list."""
         self.holders = groups.holders  # the audit's group size counts these, not the size a reducer reports
         tokens = self.worker.round_tokens
         timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
@@ -91,91 +127,112 @@ class Rounds:
             self.auditor.before_send(mid, audits_by)
             self._undo_lies(mid)
             st = self.worker.outer[mid]
-            sent = make_contribution(st, self.worker.flat(mid), self.worker.feedback[mid], self.spec.codec,
-                                     tokens + self.carry.pop(mid, 0))
-            order = candidates(st.reducers or groups.genesis[mid], groups.reducible.get(mid, groups.holders[mid]),
-                               self.exchange.skipped())
-            fut = self.net.submit(self.exchange.contribute(order, mid, sent.round, sent.tokens, sent.digest_before,
-                                                           sent.frame, timeout))
-            self.in_flight[mid] = InFlight(fut, sent, order[0], tuple(order))
+            units = units_of(mid, st.anchor.numel(),
+                             slice_count(st.anchor.numel(), st.reducers, self.spec.averaging.slices))
+            parts = make_slice_contributions(st, self.worker.flat(mid), self.worker.feedback[mid], self.spec.codec,
+                                             tokens + self.carry.pop(mid, 0), units)
+            flights = []
+            for unit, sent in zip(units, parts, strict=True):
+                agreed = view(st, unit).reducers
+                order = candidates(agreed or groups.genesis[mid], groups.reducible.get(mid, groups.holders[mid]),
+                                   self.exchange.skipped())
+                fut = self.net.submit(self.exchange.contribute(order, unit.id, sent.round, sent.tokens,
+                                                               sent.digest_before, sent.frame, timeout))
+                flights.append(UnitFlight(unit, fut, sent, order[0], tuple(order)))
+            self.in_flight[mid] = InFlight(parts[0] if len(parts) == 1 else whole_of(st, parts), flights)
         self.worker.end_round()
 
     def poll(self, block: bool, timeout_s: float | None = None, abandon: bool = True) -> bool:
         """Settle the rounds that are done (blocking: wait for them up to timeout_s). Returns True when this
         leaves no round in flight after at least one settled: the round is complete. abandon: give up on
-        rounds still open at the deadline (at shutdown)."""
+        rounds still open at the deadline (at shutdown). A unit sent again after a proven lie
+        (`_retry_after_lie`) is waited for as the first send was."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None
                                        else self.spec.averaging.grace_s + self.spec.averaging.timeout_s + 5)
         self.auditor.poll()
-        retried_before = {mid for mid, item in self.in_flight.items() if item.retried}
-        self._poll_pass(list(self.in_flight), block, deadline, abandon)
-        # A round sent again after a proven lie (`_retry_after_lie`) is waited for as the first send was.
-        again = [mid for mid, item in self.in_flight.items() if item.retried and mid not in retried_before]
-        if again and block:
-            self._poll_pass(again, block, deadline, abandon)
+        for last_pass in (False, True):  # the second pass: units sent again after a proven lie in the first
+            for mid in list(self.in_flight):
+                item = self.in_flight[mid]
+                for flight in item.units:
+                    if flight.result is not None:
+                        continue
+                    if not flight.future.done() and block:
+                        try:
+                            flight.future.result(max(0.0, deadline - time.monotonic()))
+                        except Exception:
+                            pass
+                    if flight.future.done():
+                        self._check_unit(mid, flight)  # sets its result, or sends it again (a new future)
+                if all(f.result is not None for f in item.units):
+                    self.in_flight.pop(mid)
+                    self._settle(mid, item)
+                elif last_pass and block and abandon:
+                    self.in_flight.pop(mid)
+                    logger.warning("round of %s still open at shutdown; abandoned", mid)
+                    self.abandoned = True
         complete = not self.in_flight and self.settled_any
         if complete:
             self.settled_any = False
         return complete
 
-    def _poll_pass(self, modules: list[str], block: bool, deadline: float, abandon: bool) -> None:
-        for mid in modules:
-            item = self.in_flight[mid]
-            if not item.future.done():
-                if not block:
-                    continue
-                try:
-                    item.future.result(max(0.0, deadline - time.monotonic()))
-                except Exception:
-                    pass
-            if not item.future.done() and not abandon:
-                continue
-            self.in_flight.pop(mid)
-            if not item.future.done():
-                logger.warning("round of %s still open at shutdown; abandoned", mid)
-                self.abandoned = True
-                continue
-            self._settle(mid, item)
-
-    def _settle(self, mid: str, item: InFlight) -> None:
-        result: RoundReply = item.future.result()
-        self.settled_any = True
-        st = self.worker.outer[mid]
-        logger.debug("module %s round %d: %s with %d contributors (%s)", mid, result.round, result.status,
+    def _check_unit(self, mid: str, flight: UnitFlight) -> None:
+        """A unit's reply: checked before it may be applied (docs/ARCHITECTURE.md, "The check before applying"); a
+        proven lie sends the unit again to the next candidate instead."""
+        result: RoundReply = flight.future.result()
+        st = view(self.worker.outer[mid], flight.unit)
+        uid = flight.unit.id
+        logger.debug("%s round %d: %s with %d contributors (%s)", uid, result.round, result.status,
                      len(result.contributors), result.reason)
-        discard = self.cfg.sync_rounds and result.reason.startswith(RANK_LOST)
+        flight.discard = self.cfg.sync_rounds and result.reason.startswith(RANK_LOST)
         bound, mean = None, None
         if result.applicable and result.reducer and result.reducer != self.status.peer_id:
             # before settle: the round rule's history norm is the momentum's before this round's mean moves it
             reference = reference_norm(st)
             # Another's round is applied only within what an honest round sends (protocol/rounds/rule.py
-            # `mean_bound`): our own outer gradient and the module's momentum.
-            bound = mean_bound(item.sent.delta_norm, item.sent.tokens, reference, self.spec, len(result.contributors))
-            mean = self._decoded(st, result)  # once: for the suspicion check here and for settle
+            # `mean_bound`): our own outer gradient and the module's momentum (a slice's: its part of both).
+            bound = mean_bound(flight.sent.delta_norm, flight.sent.tokens, reference, self.spec,
+                               len(result.contributors))
+            mean = self._decoded(st, result)  # once: for the checks here and for settle
             # A mean pointing away from our own outer gradient in it (rule.py `suspicious`) is audited before applying.
             suspect = (mean is not None and result.status.ours
-                       and suspicious(mean, st.anchor - item.sent.local_when_sent))
-            refused = self.auditor.record(mid, result, reference, (item.sent.tokens, item.sent.frame),
+                       and suspicious(mean, st.anchor - flight.sent.local_when_sent))
+            refused = self.auditor.record(uid, result, reference, (flight.sent.tokens, flight.sent.frame),
                                           self.holders.get(mid, ()), suspect=suspect)
-            if refused and self._retry_after_lie(mid, item, result):
+            lie = beyond_bound(mean, bound) if mean is not None and not refused else None
+            if lie is not None:
+                # As a lie caught before applying: we stop trusting the reducer and the round goes to the next one.
+                self.exchange.distrust(result.reducer, f"its mean of {uid} round {result.round}: {lie}")
+                refused = f"not applied: {lie}"
+            if refused and self._retry_after_lie(uid, flight, result):
                 return
             if refused:  # checked before applying, and not to be applied: the round failed for us, our steps carry
-                result = dataclasses.replace(result, status=RoundStatus.FAILED, reason=f"not applied: {refused}"[:300])
-        done = settle(st, item.sent, self.worker.flat(mid), result.status, result.round,
-                      result.mean_frame if result.applicable else b"", result.digest_after, self.spec.outer,
-                      codec=self.spec.codec, discard=discard, next_reducers=result.reducers, bound=bound,
-                      decoded=mean)
-        if done.lie:
-            # As a lie caught before applying: we stop trusting the reducer and the round goes to the next candidate.
-            self.exchange.distrust(result.reducer, f"its mean of {mid} round {result.round}: {done.lie}")
-            if self._retry_after_lie(mid, item, result):
-                return
+                result = dataclasses.replace(result, status=RoundStatus.FAILED,
+                                             reason=(refused if refused.startswith("not applied")
+                                                     else f"not applied: {refused}")[:300])
+        flight.result, flight.bound, flight.mean = result, bound, mean
+
+    def _settle(self, mid: str, item: InFlight) -> None:
+        """Every unit of the module's round has its checked reply: settle them (node/train/round.py), put the module
+        back together (`settle_slices`) and record the round."""
+        self.settled_any = True
+        st = self.worker.outer[mid]
+        local_now = self.worker.flat(mid)
+        parts = []
+        for flight in item.units:
+            result, unit = flight.result, flight.unit
+            assert result is not None  # _poll settles a module once every unit has its reply
+            parts.append(settle(view(st, unit), flight.sent, local_now[unit.lo:unit.hi], result.status,
+                                result.round, result.mean_frame if result.applicable else b"", result.digest_after,
+                                self.spec.outer, codec=self.spec.codec, discard=flight.discard,
+                                next_reducers=result.reducers, bound=flight.bound, decoded=flight.mean))
+        sliced = settle_slices(st, [f.unit for f in item.units], parts, local_now, item.sent.tokens)
+        done = sliced.settlement
         if done.state is not None:
             self.worker.outer[mid] = st = done.state
         if done.local is not None:
             self.worker.set_flat(mid, done.local)
-        if done.restore_feedback:
-            self.worker.feedback[mid].load_state_dict(item.sent.feedback_before)
+        restore_feedback(self.worker.feedback[mid], [f.unit for f in item.units], [f.sent for f in item.units],
+                         sliced.restore)
         if done.carried_tokens:
             self.carry[mid] = self.carry.get(mid, 0) + done.carried_tokens  # our steps are still in the local weights
         self.status.round_settled(mid, done.merged_tokens, done.discarded_tokens)
@@ -184,26 +241,42 @@ class Rounds:
             log[st.round] = done.merged_tokens
             for old in sorted(log)[:-MERGED_LOG_ROUNDS]:
                 del log[old]
+        applied = [(f, p) for f, p in zip(item.units, parts, strict=True) if p.applied]
         if done.applied:
-            if result.status == "late":
+            first = applied[0][0].result
+            assert first is not None
+            late = any(f.result is not None and f.result.status == "late" for f, _ in applied)
+            if late:
                 self.catch_up = True
-            self.applied.applied(mid, st.round - 1, result.reducer or item.reducer, result.mean_frame,
-                                 done.digest_after)
+            self.applied.applied(mid, st.round - 1, first.reducer or item.reducer, first.mean_frame,
+                                 done.digest_after, parts=applied_parts(applied) if len(item.units) > 1 else ())
             if done.diverged:
                 # Our replica is not the group's: the re-sync replaces it, and the history does not record it.
-                logger.error("module %s round %d: digest %s != group's %s; re-syncing", mid, result.round,
-                             done.digest_after, result.digest_after)
-                self._resync_later(mid, result.reducer or item.reducer)
+                flight, part = next((f, p) for f, p in applied if p.diverged)
+                assert flight.result is not None
+                logger.error("%s round %d: digest %s != group's %s; re-syncing", flight.unit.id, flight.result.round,
+                             part.digest_after, flight.result.digest_after)
+                self._resync_later(mid, flight.result.reducer or flight.reducer)
+            if done.reason:
+                logger.warning("module %s round %d: %s (their steps carry)", mid, st.round - 1, done.reason)
+                for flight, part in zip(item.units, parts, strict=True):
+                    if not part.applied and flight.result is not None:
+                        logger.info("%s round %d: %s (%s)", flight.unit.id, st.round - 1, flight.result.status,
+                                    flight.result.reason if not flight.result.applicable else part.reason)
             self.status.anchor_seen(mid, float(st.anchor.abs().max()))
-            self.status.round_applied(mid, st.round, done.digest_after, result.contributors,
-                                      late=result.status == "late", diverged=done.diverged)
+            self.status.round_applied(mid, st.round, done.digest_after, first.contributors, late=late,
+                                      diverged=done.diverged)
             self.publish_local(mid)
             return
         self.status.round_failed(mid)
-        reason = result.reason if not result.applicable else done.reason
-        logger.warning("module %s round %d: %s (%s)", mid, st.round, result.status, reason)
-        if result.status == "out_of_sync":
-            self._resync_later(mid, result.reducer or item.reducer)
+        for flight, part in zip(item.units, parts, strict=True):
+            result = flight.result
+            assert result is not None
+            reason = result.reason if not result.applicable else part.reason
+            logger.warning("%s round %d: %s (%s)", flight.unit.id, st.round, result.status, reason)
+            if result.status == "out_of_sync":
+                self._resync_later(mid, result.reducer or flight.reducer)
+                break
         # "behind": the reducer re-syncs itself; our outer gradient waits for the next round
 
     def _decoded(self, st: OuterState, result: RoundReply) -> torch.Tensor | None:
@@ -243,7 +316,7 @@ class Rounds:
                        healed.state.round)
         self.publish_local(mid)
 
-    def _retry_after_lie(self, mid: str, item: InFlight, result: RoundReply) -> bool:
+    def _retry_after_lie(self, uid: str, flight: UnitFlight, result: RoundReply) -> bool:
         """A round whose reducer our check before applying proved a liar (its first rounds, or one on probation):
         send the same contribution again, for the same round, to the next candidates of the agreed list (the
         exchange skips proven liars). The honest members for whom the liar is new all check its round before
@@ -253,19 +326,20 @@ class Rounds:
         sync): the round then fails for us as before, and the split watch heals the two versions. Once per round; not
         for a reducer that merely did not show its frames (that proves nothing, and the others may have applied
         its round)."""
-        if item.retried or result.reducer not in self.exchange.distrusted:
+        if flight.retried or result.reducer not in self.exchange.distrusted:
             return False
-        order = [p for p in item.order if p != result.reducer]
+        order = [p for p in flight.order if p != result.reducer]
         if not order:
             return False
         timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
-        fut = self.net.submit(self.exchange.contribute(order, mid, item.sent.round, item.sent.tokens,
-                                                       item.sent.digest_before, item.sent.frame, timeout,
-                                                       after_lie=True))
-        self.in_flight[mid] = dataclasses.replace(item, future=fut, reducer=order[0], order=tuple(order), retried=True)
+        sent = flight.sent
+        flight.future = self.net.submit(self.exchange.contribute(order, uid, sent.round, sent.tokens,
+                                                                 sent.digest_before, sent.frame, timeout,
+                                                                 after_lie=True))
+        flight.reducer, flight.order, flight.retried = order[0], tuple(order), True
         self.status.round_retried()
-        logger.warning("module %s round %d: not applied (%s's mean is a lie); sent again to the next candidate",
-                       mid, result.round, result.reducer[-8:])
+        logger.warning("%s round %d: not applied (%s's mean is a lie); sent again to the next candidate",
+                       uid, result.round, result.reducer[-8:])
         return True
 
     def _resync_later(self, mid: str, peer: str) -> None:
@@ -292,6 +366,24 @@ class Rounds:
     def unmerged_tokens(self) -> int:
         flight = self.in_flight.get("shared")
         return self.carry.get("shared", 0) + self.worker.round_tokens + (flight.sent.tokens if flight else 0)
+
+
+def whole_of(state: OuterState, parts: list[Contribution]) -> Contribution:
+    """A sliced round's contribution as the module's (no frame of its own): its weights at the send and what its
+    frames did not carry (`merged_base`: what a saved round in progress counts our unsent steps from), its tokens."""
+    unsent = None if parts[0].unsent is None else torch.cat([p.unsent for p in parts if p.unsent is not None])
+    return Contribution(frame=b"", tokens=parts[0].tokens, round=state.round, digest_before=state.digest(),
+                        local_when_sent=torch.cat([p.local_when_sent for p in parts]), unsent=unsent)
+
+
+def applied_parts(applied: list[tuple[UnitFlight, Settlement]]) -> tuple[AppliedPart, ...]:
+    """The slices of a round we applied, as the log that can undo them keeps them (protocol/rounds/heal.py)."""
+    out = []
+    for flight, _ in applied:
+        assert flight.result is not None
+        out.append(AppliedPart(flight.unit.lo, flight.unit.hi, flight.result.reducer or flight.reducer,
+                               flight.result.mean_frame))
+    return tuple(out)
 
 
 def faults_from_env() -> tuple[set[tuple[str, int]], dict[tuple[str, int], str], str]:

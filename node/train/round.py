@@ -28,6 +28,7 @@ simulator and the running node both call these.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +37,7 @@ from pathswarm.compression import ErrorFeedback, encode_with
 from pathswarm.protocol.rounds.messages import APPLIED, OURS
 from pathswarm.protocol.rounds.outer import OuterState, pseudo_gradient
 from pathswarm.protocol.rounds.rule import RoundError, beyond_bound, decode_mean
+from pathswarm.protocol.rounds.slices import Unit, view
 from pathswarm.protocol.spec import CodecSpec, OuterOptSpec
 
 
@@ -160,3 +162,114 @@ def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, statu
         return Settlement(applied=False, local=state.anchor.clone(), restore_feedback=True,
                           discarded_tokens=sent.tokens, reason=reason)
     return Settlement(applied=False, local=None, restore_feedback=True, carried_tokens=sent.tokens, reason=reason)
+
+
+# ---- a round in slices (protocol/rounds/slices.py) ----------------------------------------------------------------
+def make_slice_contributions(state: OuterState, local: torch.Tensor, feedback: ErrorFeedback, codec: CodecSpec,
+                             tokens: int, units: Sequence[Unit]) -> list[Contribution]:
+    """One contribution per unit of the module's round: `make_contribution` itself for a whole module (K = 1); for
+    slices, Δ = anchor − local computed once and each slice encoded on its own (with its part of the error-feedback
+    residual, which is updated), each naming its slice's state (`view`) as the state it was taken from."""
+    if len(units) == 1 and units[0].k == 1:
+        return [make_contribution(state, local, feedback, codec, tokens)]
+    if tokens <= 0:
+        raise ValueError(f"a contribution needs a positive token count, got {tokens}")
+    local = local.detach().to("cpu", torch.float32, copy=True).reshape(-1)
+    delta = pseudo_gradient(state.anchor, local)
+    kind = codec.contribution_codec()
+    kind.check(delta)
+    before = feedback.residual
+    residual = None if before is None else before.clone()
+    out = []
+    for unit in units:
+        part, unsent = delta[unit.lo:unit.hi].contiguous(), None
+        if codec.feedback_in_weights:
+            frame, decoded = kind.encode_values(part, (unit.numel,), part.dtype, want_decoded=True)
+            assert decoded is not None  # asked for
+            unsent = part - decoded
+        elif codec.error_feedback:
+            slice_feedback = ErrorFeedback()
+            if before is not None:
+                slice_feedback.residual = before[unit.lo:unit.hi].clone()
+            frame = slice_feedback.encode(part, codec=kind)
+            assert slice_feedback.residual is not None  # set by encode
+            if residual is None:
+                residual = torch.zeros_like(delta)
+            residual[unit.lo:unit.hi] = slice_feedback.residual
+        else:
+            frame = encode_with(kind, part)
+        out.append(Contribution(frame=frame, tokens=tokens, round=state.round,
+                                digest_before=view(state, unit).digest(), local_when_sent=local[unit.lo:unit.hi],
+                                feedback_before={} if before is None else {"residual": before[unit.lo:unit.hi]},
+                                delta_norm=float(torch.linalg.vector_norm(part)), unsent=unsent))
+    if codec.error_feedback and not codec.feedback_in_weights:
+        feedback.residual = residual
+    return out
+
+
+@dataclass(frozen=True)
+class SlicedSettlement:
+    """A module's round put back together from its units' settlements."""
+
+    settlement: Settlement
+    """For the whole module: its state, local weights, tokens, digest (restore_feedback is per unit: below)."""
+    restore: tuple[Unit, ...] = ()
+    """Units whose error-feedback residual goes back to what it was before their frame was encoded."""
+
+
+def settle_slices(state: OuterState, units: Sequence[Unit], parts: Sequence[Settlement], local_now: torch.Tensor,
+                  tokens: int) -> SlicedSettlement:
+    """Put a module's round back together from each unit's `settle` (on its `view`, with the result's list as
+    `next_reducers`). A slice applied moves that part of the anchor and momentum; one not applied (failed, refused)
+    leaves its part as it was and its steps in the local weights. The module is at the next round when any slice
+    was applied, and names the list of the first applied slice's result (every member holding the same results
+    names the same list). Our tokens are merged when every slice merged our outer gradient; otherwise they carry to
+    the next round whole (the slices that did merge weigh them again then, within `max_weight`'s cap)."""
+    if len(units) == 1 and units[0].k == 1:
+        done = parts[0]
+        return SlicedSettlement(done, tuple(units) if done.restore_feedback else ())
+    applied = [(u, s) for u, s in zip(units, parts, strict=True) if s.applied]
+    local_now = local_now.detach().to("cpu", torch.float32).reshape(-1)
+    anchor, momentum = state.anchor.clone(), state.momentum.clone()
+    local = local_now.clone()
+    changed_local = False
+    for unit, s in zip(units, parts, strict=True):
+        if s.state is not None:
+            anchor[unit.lo:unit.hi] = s.state.anchor
+            momentum[unit.lo:unit.hi] = s.state.momentum
+        if s.local is not None:
+            local[unit.lo:unit.hi] = s.local
+            changed_local = True
+    restore = tuple(u for u, s in zip(units, parts, strict=True) if s.restore_feedback)
+    all_merged = all(s.merged_tokens for s in parts)
+    discarded = all(s.discarded_tokens for s in parts)
+    if not applied:
+        reason = "; ".join(sorted({s.reason for s in parts if s.reason}))
+        done = Settlement(applied=False, local=local if changed_local else None, restore_feedback=True,
+                          carried_tokens=0 if discarded else tokens, discarded_tokens=tokens if discarded else 0,
+                          reason=reason)
+        return SlicedSettlement(done, restore)
+    after = OuterState(anchor, momentum, state.round + 1, applied[0][1].state.reducers)  # type: ignore[union-attr]
+    failed = [u for u, s in zip(units, parts, strict=True) if not s.applied]
+    reason = f"slices {', '.join(str(u.j) for u in failed)} of {len(units)} not applied" if failed else ""
+    done = Settlement(applied=True, state=after, local=local, restore_feedback=bool(restore),
+                      merged_tokens=tokens if all_merged else 0, carried_tokens=0 if all_merged else tokens,
+                      digest_after=after.digest(), diverged=any(s.diverged for s in parts), reason=reason)
+    return SlicedSettlement(done, restore)
+
+
+def restore_feedback(feedback: ErrorFeedback, units: Sequence[Unit], sent: Sequence[Contribution],
+                     restore: Sequence[Unit]) -> None:
+    """Put the error-feedback residual of the `restore` units (`SlicedSettlement.restore`: their outer gradient was
+    not used) back to what it was before their frames were encoded: it is sent again with the steps that carry."""
+    if not restore:
+        return
+    if len(units) == 1:
+        feedback.load_state_dict(sent[0].feedback_before)
+        return
+    if feedback.residual is None:
+        return
+    by_unit = dict(zip(units, sent, strict=True))
+    for unit in restore:
+        before = by_unit[unit].feedback_before.get("residual")
+        feedback.residual[unit.lo:unit.hi] = 0.0 if before is None else before

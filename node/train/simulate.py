@@ -28,12 +28,13 @@ from pathswarm.node.model.model import PathModel, build_path
 from pathswarm.node.model.router import documents_by_path
 from pathswarm.node.train.checkpoint import ModuleState, save_checkpoint
 from pathswarm.node.train.inner import evaluate_loss, make_inner_optimizer, set_warmup_lr
-from pathswarm.node.train.round import make_contribution, settle
+from pathswarm.node.train.round import make_slice_contributions, restore_feedback, settle, settle_slices
 from pathswarm.node.train.warm_start import check_init
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducers import successors
 from pathswarm.protocol.rounds.rule import close_round, mean_bound, reference_norm
+from pathswarm.protocol.rounds.slices import rotated, slice_count, units_of, view
 from pathswarm.protocol.spec import SwarmSpec, format_path
 
 MODES = ("diloco", "dipaco", "sync")
@@ -260,47 +261,62 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
                result: SimResult, tamper: Tamper | None, workers: list[PathWorker]) -> int:
     """One module's outer round among its holders, by the node's own rule (protocol/rounds/rule.py and
     node/train/round.py): every holder makes a contribution, the round closes over all of them (the reducer's merge
-    and one encoded mean), and every holder settles the result. Returns the bytes that would cross the wire."""
+    and one encoded mean; per slice when the spec cuts rounds into slices, protocol/rounds/slices.py), and every
+    holder settles the result. Returns the bytes that would cross the wire."""
     t_round = time.perf_counter()
-    numel = holders[0].outer[mid].anchor.numel()
-    sent = {}
+    first = holders[0].outer[mid]
+    numel = first.anchor.numel()
+    units = units_of(mid, numel, slice_count(numel, first.reducers, spec.averaging.slices))
+    sent, tokens = {}, {}
     for w in holders:
-        tokens = w.round_tokens + carry.pop((w.name, mid), 0)
-        sent[w.name] = make_contribution(w.outer[mid], w.flat(mid), w.feedback[mid], spec.codec, tokens)
-    frames = {w.name: sent[w.name].frame for w in holders}
-    if tamper is not None:
-        frames = {w.name: tamper(workers.index(w), mid, r, frames[w.name]) for w in holders}
-    closed = close_round([(w.name, sent[w.name].tokens, frames[w.name]) for w in holders], numel, spec,
-                         before=holders[0].outer[mid])
-    result.rejected += len(closed.rejected)
-    reducer = min(frames)
+        tokens[w.name] = w.round_tokens + carry.pop((w.name, mid), 0)
+        sent[w.name] = make_slice_contributions(w.outer[mid], w.flat(mid), w.feedback[mid], spec.codec,
+                                                tokens[w.name], units)
+    names = sorted(sent)
+    agreed = first.reducers if set(first.reducers) == set(names) else tuple(names)
+    closes, up, down = [], 0, 0
+    for j, unit in enumerate(units):
+        frames = {name: sent[name][j].frame for name in names}
+        if tamper is not None:
+            frames = {w.name: tamper(workers.index(w), unit.id, r, frames[w.name]) for w in holders}
+        closed = close_round([(name, sent[name][j].tokens, frames[name]) for name in names], unit.numel, spec,
+                             before=view(first, unit))
+        result.rejected += len(closed.rejected)
+        # The reducer: the smallest name, as the smallest peer id in a swarm; a slice's, its rotation of the list.
+        reducer = min(frames) if unit.k == 1 else rotated(agreed, r, unit.j)[0]
+        following = successors(reducer, closed.used) if unit.k == 1 else tuple(sorted(closed.used))
+        closes.append((closed, reducer, following))
+        # Every other holder sends its frame to the reducer and gets the encoded mean back.
+        up += sum(len(f) for name, f in frames.items() if name != reducer)
+        down += len(closed.mean_frame) * (len(frames) - 1)
     for w in holders:
         # No overlap in the simulator: the result lands before the next inner step.
-        status = ("alone" if len(closed.used) == 1 else "merged") if w.name in closed.used else "late"
-        if not closed.mean_frame:
-            status = "failed"
-        done = settle(w.outer[mid], sent[w.name], w.flat(mid), status, w.outer[mid].round, closed.mean_frame,
-                      closed.digest_after, spec.outer, codec=spec.codec,
-                      next_reducers=successors(reducer, closed.used),
-                      bound=None if w.name == reducer else mean_bound(sent[w.name].delta_norm, sent[w.name].tokens,
-                                                                      reference_norm(w.outer[mid]), spec,
-                                                                      len(closed.used)))
-        if done.lie:  # the members' bound holds every honest round: the simulator runs none other
-            raise AssertionError(f"{mid} round {r}: an honest mean broke {w.name}'s bound: {done.lie}")
+        state, local = w.outer[mid], w.flat(mid)
+        parts = []
+        for j, (unit, (closed, reducer, following)) in enumerate(zip(units, closes, strict=True)):
+            mine = sent[w.name][j]
+            status = ("alone" if len(closed.used) == 1 else "merged") if w.name in closed.used else "late"
+            if not closed.mean_frame:
+                status = "failed"
+            piece = view(state, unit)
+            parts.append(settle(piece, mine, local[unit.lo:unit.hi], status, piece.round, closed.mean_frame,
+                                closed.digest_after, spec.outer, codec=spec.codec, next_reducers=following,
+                                bound=None if w.name == reducer else mean_bound(mine.delta_norm, mine.tokens,
+                                                                                reference_norm(piece), spec,
+                                                                                len(closed.used))))
+            if parts[-1].lie:  # the members' bound holds every honest round: the simulator runs none other
+                raise AssertionError(f"{unit.id} round {r}: an honest mean broke {w.name}'s bound: {parts[-1].lie}")
+        sliced = settle_slices(state, units, parts, local, tokens[w.name])
+        done = sliced.settlement
         if done.state is not None:
             w.outer[mid] = done.state
         if done.local is not None:
             w.set_flat(mid, done.local)
-        if done.restore_feedback:
-            w.feedback[mid].load_state_dict(sent[w.name].feedback_before)
+        restore_feedback(w.feedback[mid], units, sent[w.name], sliced.restore)
         if done.carried_tokens:
             carry[(w.name, mid)] = done.carried_tokens
-    if closed.mean_frame:
+    if any(closed.mean_frame for closed, _, _ in closes):
         result.history.setdefault(mid, {})[str(holders[0].outer[mid].round)] = holders[0].digest(mid)
-    # Every other holder sends its frame to the reducer (the smallest name, as the smallest peer id in a swarm)
-    # and gets the encoded mean back.
-    up = sum(len(f) for name, f in frames.items() if name != reducer)
-    down = len(closed.mean_frame) * (len(frames) - 1)
     result.bytes_up_total += up
     result.bytes_down_total += down
     result.round_s += time.perf_counter() - t_round

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -100,7 +100,7 @@ Serve = Callable[[str, str, asyncio.StreamReader, asyncio.StreamWriter, Callable
 class AuditService:
     """The two requests audits need, served and sent for one node: `frames` and `alert`."""
 
-    def __init__(self, streams: PeerStreams | None, prefix: str, numels: dict[str, int],
+    def __init__(self, streams: PeerStreams | None, prefix: str, numels: Mapping[str, int],
                  frame_limit: Callable[[str], int], serve: Serve, traffic: Traffic,
                  membership: str = ""):
         self.streams, self.numels, self.frame_limit = streams, numels, frame_limit

@@ -48,8 +48,9 @@ class GroupView:
 class Context:
     spec: SwarmSpec
     peer_id: str
-    numels: dict[str, int]
-    """Module id → parameter count, from the spec: bounds every message."""
+    numels: Mapping[str, int]
+    """Module id → parameter count, from the spec: bounds every message. The exchange passes a `UnitNumels`
+    (slices.py), which answers for a module's slices too; iterating it yields the modules."""
     state_of: Callable[[str], OuterState | None]
     """Our state of a module as the node last settled it (read on the network thread; states are immutable)."""
     streams: PeerStreams | None

@@ -27,6 +27,7 @@ from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducer import Closer, Reducer
 from pathswarm.protocol.rounds.rule import close_round
 from pathswarm.protocol.rounds.service import Service
+from pathswarm.protocol.rounds.slices import UnitNumels, UnitStates, module_of_unit
 from pathswarm.protocol.rounds.trust import Trust
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.wire import Pacer, Traffic
@@ -40,12 +41,18 @@ if TYPE_CHECKING:
 class ModuleExchange:
     """Serves and joins module rounds for one node."""
 
-    def __init__(self, spec: SwarmSpec, streams: PeerStreams | None, peer_id: str, numels: dict[str, int],
+    def __init__(self, spec: SwarmSpec, streams: PeerStreams | None, peer_id: str, numels: Mapping[str, int],
                  state_of: Callable[[str], OuterState | None], *, traffic: Traffic | None = None,
                  membership: str = "", sync_world: bool = False, clock: Clock = MONOTONIC,
                  closer: Closer | None = None, serve_state_bytes_per_s: float = 0.0):
         traffic = traffic or Traffic()
+        # A module's round may be cut into slices (slices.py): the round's parts take a slice's id where a module's
+        # goes, and these answer for both.
+        numels = UnitNumels(numels, spec.averaging.slices)
+        state_of = UnitStates(state_of, numels)
         self.spec, self.peer_id, self.numels, self.traffic = spec, peer_id, numels, traffic
+        # A reducer gets at most one slice of a module per round from each member (slices.py `rotated`): the
+        # request budgets per module stay those of one reducer.
         trust = Trust(spec, peer_id, len(numels), traffic,
                       lambda: max((spec.codec.max_frame_bytes(n) for n in numels.values()), default=0))
         self.ctx = Context(spec, peer_id, numels, state_of, streams, trust, traffic, clock=clock,
@@ -165,17 +172,22 @@ class ModuleExchange:
         return self.reducer.ahead.pop(module, None)
 
     def tokens_reduced(self, module: str) -> int:
-        """Tokens in the rounds of `module` we closed with a mean (less those a healed split took back)."""
-        log = self.reducer.logs.get(module)
-        return log.tokens_reduced if log is not None else 0
+        """Tokens in the rounds of `module` we closed with a mean, its slices' shares included (less those a healed
+        split took back)."""
+        return sum(log.tokens_reduced for unit, log in list(self.reducer.logs.items())
+                   if module_of_unit(unit) == module)
 
     async def take_back_reduced(self, module: str, first_round: int) -> int:
         """A split we lost: the tokens we merged into `module`'s states from `first_round` on no longer count.
         Returns them. A coroutine: run on the network loop, where the reducer adds to the same count."""
-        log = self.reducer.logs[module]
-        lost = [r for r in log.reduced if r >= first_round]
-        tokens = sum(log.reduced.pop(r) for r in lost)  # taken back once: a later heal over them counts none again
-        log.tokens_reduced -= tokens
+        tokens = 0
+        for unit, log in list(self.reducer.logs.items()):
+            if module_of_unit(unit) != module:
+                continue
+            lost = [r for r in log.reduced if r >= first_round]
+            taken = sum(log.reduced.pop(r) for r in lost)  # taken back once: a later heal over them counts none again
+            log.tokens_reduced -= taken
+            tokens += taken
         return tokens
 
 

@@ -37,6 +37,17 @@ reaches the others within seconds; 8 rounds leave room for a member that learns 
 
 
 @dataclass(frozen=True)
+class AppliedPart:
+    """One slice of a round in slices (protocol/rounds/slices.py) that a member applied: values [lo, hi) of the
+    module moved by `reducer`'s mean."""
+
+    lo: int
+    hi: int
+    reducer: str
+    mean_frame: bytes
+
+
+@dataclass(frozen=True)
 class AppliedRound:
     """One round a member applied to a module: enough to undo it."""
 
@@ -47,6 +58,12 @@ class AppliedRound:
     """The encoded mean, as the reducer sent it (every member decoded these bytes)."""
     digest_after: str
     """Our state's digest after it: the kept rounds lead to a state only while the last one's is that state's."""
+    parts: tuple[AppliedPart, ...] = ()
+    """A round in slices: the slices applied, each with its reducer's mean (`reducer` and `mean_frame` are then the
+    first's); a slice not among them was not stepped. Empty: the whole module was, by `mean_frame`."""
+
+    def reduced_by(self, peer: str) -> bool:
+        return self.reducer == peer or any(p.reducer == peer for p in self.parts)
 
 
 def unstep(after: OuterState, mean: torch.Tensor, round_: int, cfg: OuterOptSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,12 +98,19 @@ def heal(state: OuterState, applied: list[AppliedRound], liar: str, from_round: 
     if not applied or applied[-1].digest_after != state.digest():
         return None  # the kept rounds do not lead to this state (replaced since): nothing to undo them from
     first = next((i for i, a in enumerate(applied) if a.round == from_round), None)
-    if first is None or not any(a.reducer == liar for a in applied[first:]):
+    if first is None or not any(a.reduced_by(liar) for a in applied[first:]):
         return None
     numel = state.anchor.numel()
     current = state
     for entry in reversed(applied[first:]):
-        anchor, momentum = unstep(current, decode_mean(entry.mean_frame, numel, codec), entry.round, outer)
+        if not entry.parts:
+            anchor, momentum = unstep(current, decode_mean(entry.mean_frame, numel, codec), entry.round, outer)
+        else:  # only its applied slices moved: each is undone with its own mean
+            anchor, momentum = current.anchor.clone(), current.momentum.clone()
+            for part in entry.parts:
+                piece = OuterState(current.anchor[part.lo:part.hi], current.momentum[part.lo:part.hi], entry.round)
+                mean = decode_mean(part.mean_frame, part.hi - part.lo, codec)
+                anchor[part.lo:part.hi], momentum[part.lo:part.hi] = unstep(piece, mean, entry.round, outer)
         current = OuterState(anchor, momentum, entry.round, state.reducers)
     return Healed(OuterState(current.anchor, current.momentum, state.round + 1, state.reducers),
                   tuple(applied[first:]))
@@ -99,12 +123,14 @@ class AppliedLog:
         self.keep = keep
         self._rounds: dict[str, list[AppliedRound]] = {}
 
-    def applied(self, module: str, round_: int, reducer: str, mean_frame: bytes, digest_after: str) -> None:
-        """A round applied to `module` at its round `round_` by `reducer`'s mean, making the state `digest_after`."""
+    def applied(self, module: str, round_: int, reducer: str, mean_frame: bytes, digest_after: str,
+                parts: tuple[AppliedPart, ...] = ()) -> None:
+        """A round applied to `module` at its round `round_` by `reducer`'s mean (a round in slices: by its `parts`),
+        making the state `digest_after`."""
         rounds = self._rounds.setdefault(module, [])
         if rounds and rounds[-1].round != round_ - 1:
             rounds.clear()  # not the round after the last one kept (a re-sync in between): the chain is broken
-        rounds.append(AppliedRound(round_, reducer, mean_frame, digest_after))
+        rounds.append(AppliedRound(round_, reducer, mean_frame, digest_after, parts))
         del rounds[:-self.keep]
 
     def rounds(self, module: str) -> list[AppliedRound]:

@@ -20,6 +20,7 @@ from pathswarm.protocol.rounds.context import Context
 from pathswarm.protocol.rounds.messages import ContributeRequest, Refusal, RoundReply, RoundStatus, frame_hash
 from pathswarm.protocol.rounds.reducer import Reducer
 from pathswarm.protocol.rounds.reducer_state import RESULTS_KEPT, failed
+from pathswarm.protocol.rounds.slices import module_of_unit
 from pathswarm.protocol.rounds.trust import STANCE_TIMEOUT_S
 from pathswarm.protocol.wire import NotServingYetError, read_message, write_message
 
@@ -118,7 +119,7 @@ class Member:
         earlier_run = False  # the reducer merged a frame our run before a restart sent
         if last.applicable and last.status.ours and reducer != ctx.peer_id:
             mine = {p: (t, h) for p, t, h in last.frames}.get(ctx.peer_id)
-            if mine is not None and mine != own and (mine in sent or module in ctx.fresh):
+            if mine is not None and mine != own and (mine in sent or module_of_unit(module) in ctx.fresh):
                 # A frame we sent for this round before (a resend after a lost reply, or before our restart):
                 # the reducer merged that one.
                 earlier_run = mine not in sent
@@ -133,8 +134,8 @@ class Member:
                 # listed later is then a lie. Not on a frame of that earlier run: its round may fail here (its
                 # check) and the reducer answer our resend with it again, which was then taken for a lie
                 # (benchmarks/restarts.py --kill replying).
-                ctx.fresh.discard(module)
-            log = self.reducer.logs[module]
+                ctx.fresh.discard(module_of_unit(module))
+            log = self.reducer.log(module)
             for peer in last.contributors:  # active in the module: our own rounds wait for them
                 log.note_seen(peer, round_)
         return last

@@ -37,6 +37,7 @@ from pathswarm.protocol.rounds.reducer_state import (
 )
 from pathswarm.protocol.rounds.reducers import MAX_CANDIDATES, Stance, successors
 from pathswarm.protocol.rounds.rule import ClosedRound
+from pathswarm.protocol.rounds.slices import UnitNumels, module_of_unit, rotated
 from pathswarm.protocol.rounds.stance import Stances
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class Reducer:
     def __init__(self, ctx: Context, closer: Closer, store: FrameStore):
         self.ctx, self.closer, self.store = ctx, closer, store
         self.logs: dict[str, ModuleLog] = {m: ModuleLog() for m in ctx.numels}
+        """Unit (a module, or a slice of one: slices.py) → its rounds; a slice's log is made on its first use."""
         self.stances = Stances(ctx)
         self.behind: dict[str, str] = {}
         """Module → a peer that is ahead of us (the node re-syncs from it)."""
@@ -73,19 +75,31 @@ class Reducer:
         self.extended: dict[str, int] = {}
         """Module → the last round whose grace window we extended for a member late by a hair."""
 
+    def log(self, unit: str) -> ModuleLog:
+        """The log of a unit we know (`ctx.numels` answers for slices: slices.py `UnitNumels`)."""
+        log = self.logs.get(unit)
+        if log is None:
+            log = self.logs[unit] = ModuleLog()
+        return log
+
     def effective_state(self, module: str) -> OuterState | None:
         """Our module state, or the state it will have after the rounds we closed, whichever is newer."""
-        mine, post = self.ctx.state_of(module), self.logs[module].post
+        mine, post = self.ctx.state_of(module), self.log(module).post
         if post is not None and (mine is None or post.round > mine.round):
             return post
         return mine
 
-    async def _wait_for_state(self, module: str) -> OuterState | None:
+    async def _wait_for_state(self, module: str, round_: int) -> OuterState | None:
         """A node registers its handlers before it has synced its modules: wait (at most the grace
-        window) for our state instead of failing the round of a peer that is quicker than us."""
+        window) for our state instead of failing the round of a peer that is quicker than us. A slice's reducer
+        (slices.py) also waits for its state to reach the round: it settles the round before as a member, once its
+        last slice is in, while a quicker member already sends the next (in a round with one reducer, the reducer of
+        the round before is ahead: `effective_state`)."""
         clock = self.ctx.clock
         deadline = clock.now() + self.ctx.spec.averaging.grace_s
-        while (mine := self.effective_state(module)) is None and clock.now() < deadline:
+        sliced = module != module_of_unit(module)
+        while (((mine := self.effective_state(module)) is None or sliced and mine.round < round_)
+               and clock.now() < deadline):
             await clock.sleep(0.05)
         return mine
 
@@ -98,7 +112,7 @@ class Reducer:
             return failed(module, round_, "token count too large")
         if why := self.ctx.trust.ignored(sender):
             return failed(module, round_, why)
-        log = self.logs[module]
+        log = self.log(module)
         if round_ in log.closed:
             digest_before, result = log.closed[round_]
             if digest != digest_before:
@@ -115,7 +129,7 @@ class Reducer:
                               RoundStatus.OUT_OF_SYNC)
             # A contributor asking again lost our reply: its outer gradient is in the mean ("merged", not "late").
             return answer(result, sender, self.store)
-        mine = await self._wait_for_state(module)
+        mine = await self._wait_for_state(module, round_)
         if (refusal := self._compare(module, round_, sender, digest, mine)) is not None:
             return refusal
         assert mine is not None
@@ -151,7 +165,7 @@ class Reducer:
         if mine.round > round_:
             return failed(module, round_, f"the group is at round {mine.round}", RoundStatus.OUT_OF_SYNC)
         if mine.round < round_:
-            self.behind[module] = sender
+            self.behind[module_of_unit(module)] = sender
             return failed(module, round_, f"reducer is at round {mine.round}", RoundStatus.BEHIND)
         if digest != mine.digest():
             return failed(module, round_, "state before the round differs", RoundStatus.OUT_OF_SYNC)
@@ -160,7 +174,7 @@ class Reducer:
     async def _check_rivals(self, module: str, round_: int, sender: str,
                             mine: OuterState) -> ReducerRound | RoundReply:
         """Before the first contribution enters, the candidates before us must not hold the round."""
-        log = self.logs[module]
+        log = self.log(module)
         rival = await self.stances.rival(module, round_, mine)
         if rival:
             stale = log.open.get(round_)
@@ -168,7 +182,7 @@ class Reducer:
                 log.open.pop(round_, None)
             peer, stance = rival
             if stance == Stance.AHEAD:
-                self.ahead[module] = peer
+                self.ahead[module_of_unit(module)] = peer
                 return failed(module, round_, f"peer {peer[-8:]} is past this round", RoundStatus.OUT_OF_SYNC)
             return failed(module, round_, f"{peer[-8:]} holds this round", RoundStatus.REDIRECT, redirect=peer)
         if round_ in log.closed:  # closed while we asked
@@ -181,8 +195,8 @@ class Reducer:
         ctx = self.ctx
         quorum = 1 << 30 if ctx.sync_world else ctx.spec.averaging.min_group  # sync: all of them
         counted, silent = self._expected(module, round_)
-        world = dict(ctx.groups.live.get(module, {}))
-        opened = self.logs[module].open[round_] = ReducerRound(module, round_, mine.digest(),
+        world = dict(ctx.groups.live.get(module_of_unit(module), {}))
+        opened = self.log(module).open[round_] = ReducerRound(module, round_, mine.digest(),
                                                                max(1, min(quorum, counted)), world=world,
                                                                uncounted=set(silent))
         logger.debug("%s round %d opened: waits for %d frames (silent: %s)", module, round_, opened.target,
@@ -202,7 +216,7 @@ class Reducer:
         window already). (A round closed by its quorum did not wait for the late one: it was not counted, and the
         next round counts it.)"""
         closing, now_open = self.closing_at.get(module), round_ + 1
-        if (closing is None or closing[0] != round_ or now_open not in self.logs[module].open or self.ctx.sync_world
+        if (closing is None or closing[0] != round_ or now_open not in self.log(module).open or self.ctx.sync_world
                 or self.ctx.clock.now() - closing[1] >= self.ctx.spec.averaging.grace_s
                 or now_open - self.extended.get(module, -EXTEND_EVERY) < EXTEND_EVERY):
             return
@@ -215,15 +229,16 @@ class Reducer:
         """How many contributions the round waits for before its grace window ends, and the silent claimants left
         out (reducer_state.py `ModuleLog.quorum`); the sync baseline: the job's whole world."""
         ctx = self.ctx
-        holders = None if ctx.sync_world else ctx.groups.holders.get(module)
+        whole = module_of_unit(module)
+        holders = None if ctx.sync_world else ctx.groups.holders.get(whole)
         if holders is None:
-            return ctx.groups.expected.get(module, 1), ()
-        return self.logs[module].quorum(holders, round_, ctx.trust.refuses)
+            return ctx.groups.expected.get(whole, 1), ()
+        return self.log(module).quorum(holders, round_, ctx.trust.refuses)
 
     def stance(self, module: str, round_: int, digest: str, asker: str) -> Stance:
         """Our stance on (module, round) when a candidate asks; we open the round for a later candidate, so the
         earliest live candidate reduces it."""
-        log = self.logs.get(module)
+        log = self.log(module) if module in self.ctx.numels else None
         if log is not None and round_ in log.closed:
             return Stance.CLOSED
         if log is not None and round_ in log.open:
@@ -233,7 +248,7 @@ class Reducer:
             return Stance.NOT_HERE
         if mine.round > round_:
             return Stance.AHEAD
-        agreed = mine.reducers or self.ctx.groups.genesis.get(module, ())
+        agreed = mine.reducers or self.ctx.groups.genesis.get(module_of_unit(module), ())
         me = self.ctx.peer_id
         if asker in agreed and me in agreed and agreed.index(asker) < agreed.index(me):
             return Stance.NOT_HERE  # a restarted head asking whether anyone took its round: we have not
@@ -254,7 +269,7 @@ class Reducer:
         # sync: reaching the target closes the round in reduce(); a rank lost fails it; otherwise the timeout ends it
         deadline = ctx.clock.now() + ctx.spec.averaging.timeout_s
         while opened.result is None and not opened.closing and ctx.clock.now() < deadline:
-            lost = rank_lost(opened.world, dict(ctx.groups.live.get(opened.module, {})))
+            lost = rank_lost(opened.world, dict(ctx.groups.live.get(module_of_unit(opened.module), {})))
             if lost:
                 self._fail(opened, f"{RANK_LOST}: {lost[-8:]}")
                 return
@@ -263,7 +278,7 @@ class Reducer:
             await self._close(opened)
 
     def _drop(self, opened: ReducerRound) -> None:
-        log = self.logs[opened.module]
+        log = self.log(opened.module)
         if log.open.get(opened.round) is opened:
             del log.open[opened.round]
 
@@ -332,16 +347,23 @@ class Reducer:
         merged = {p: opened.frames[p] for p in closed.used}
         self.store.keep(module, round_, merged)  # for members who audit the round
         after = None if closed.after is None else closed.after.with_reducers(reducers)
-        log = self.logs[module]
+        log = self.log(module)
+        unit = self.ctx.numels.unit(module) if isinstance(self.ctx.numels, UnitNumels) else None
         if after is not None:
-            log.post = after
+            # A slice's state after names its own rotation of the list for the next round, as the slice's view of the
+            # module's next state will (slices.py `view`).
+            log.post = after if unit is None or unit.k == 1 else after.with_reducers(
+                rotated(reducers, round_ + 1, unit.j))
         result = RoundReply(module, round_, RoundStatus.MERGED, closed.used, closed.tokens,
                             after.digest() if after is not None else "", reducers=reducers,
                             frames=list_frames(merged, closed.used), mean_frame=closed.mean_frame)
-        log.remember(round_, opened.digest_before, result, closed.tokens)
+        # A slice reduced its share of the module's tokens: the K slices of a round count them about once.
+        share = closed.tokens if unit is None or unit.k == 1 else (
+            closed.tokens * unit.numel // self.ctx.numels[unit.module])
+        log.remember(round_, opened.digest_before, result, share)
         if set(closed.used) - {self.ctx.peer_id}:  # others may check it (alone, nobody asks for our frames)
             self.last_closed = self.ctx.clock.now()
-        self.ctx.fresh.discard(module)  # the list works: we named the next round's candidates ourselves
+        self.ctx.fresh.discard(module_of_unit(module))  # the list works: we named the next round's candidates ourselves
         opened.finish(result)
 
     def forget_pending(self, module: str, from_round: int | None = None) -> None:
@@ -349,17 +371,23 @@ class Reducer:
         define it, and those from `from_round` on are not ours any more (we went back to a majority's older state,
         node/peer/splits.py): answered from our log, or told "closed" when a candidate asks, they would keep the
         others off the round they must now reduce again."""
-        log = self.logs[module]
-        log.post = None
-        if from_round is not None:
-            for r in [r for r in log.closed if r >= from_round]:
-                del log.closed[r]
+        for unit in [u for u in self.logs if module_of_unit(u) == module]:  # the module and its slices
+            log = self.logs[unit]
+            log.post = None
+            if from_round is not None:
+                for r in [r for r in log.closed if r >= from_round]:
+                    del log.closed[r]
 
 
 def next_reducers(ctx: Context, module: str, used: tuple[str, ...]) -> tuple[str, ...]:
-    """Who reduces the next round, as the result names them (reducers.py rule 1, with the partners' exception)."""
-    reducers = successors(ctx.peer_id, used, ctx.clients | ({ctx.peer_id} if ctx.client else set()))
-    partners = ctx.groups.partners.get(module, ())
+    """Who reduces the next round, as the result names them (reducers.py rule 1, with the partners' exception). A
+    slice's result (slices.py) names the members sorted, clients left out: every slice's result of a round then names
+    the same list when the same members are in each, and each slice rotates over it; a client never heads it."""
+    clients = ctx.clients | ({ctx.peer_id} if ctx.client else set())
+    reducers = successors(ctx.peer_id, used, clients)
+    if module != module_of_unit(module):
+        reducers = tuple(sorted(set(reducers) - clients))[:MAX_CANDIDATES] or reducers
+    partners = ctx.groups.partners.get(module_of_unit(module), ())
     if set(used) == {ctx.peer_id} and len(partners) > 1:
         # Alone in the round while holders we have merged this module with may reduce: each side of a split
         # (after a revocation, say) would otherwise name only itself and reduce itself round after round, the

@@ -148,8 +148,9 @@ class Service:
             # the newest state we know: after the rounds we closed, even before our own loop applied them; but the
             # state our node holds when that is the round asked for (a majority vouched for it: what we announce
             # lags what we closed by a round, and a download of the newer one was refused, issue 27)
-            state = self.reducer.effective_state(module) if module in ctx.numels else None
-            held = ctx.state_of(module) if module in ctx.numels else None
+            whole = module in set(ctx.numels)  # a module, not a slice of one (slices.py): states are served whole
+            state = self.reducer.effective_state(module) if whole else None
+            held = ctx.state_of(module) if whole else None
             if held is not None and ask.round >= 0 and held.round == ask.round:
                 state = held
             if state is None:

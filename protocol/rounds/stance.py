@@ -15,6 +15,7 @@ from pathswarm.protocol.rounds.context import Context
 from pathswarm.protocol.rounds.messages import StanceReply, StanceRequest
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducers import RIVAL, Stance, earlier
+from pathswarm.protocol.rounds.slices import module_of_unit
 from pathswarm.protocol.rounds.trust import STANCE_TIMEOUT_S
 from pathswarm.protocol.wire import read_message, write_message
 
@@ -43,8 +44,9 @@ class Stances:
         ctx = self.ctx
         if ctx.streams is None:
             return []  # offline
-        agreed = mine.reducers or ctx.groups.genesis.get(module, ())  # before any result: the holders in the claims
-        return must_ask(agreed, ctx.peer_id, module in ctx.fresh, ctx.trust.shunned)
+        whole = module_of_unit(module)  # a slice's (slices.py): its module's
+        agreed = mine.reducers or ctx.groups.genesis.get(whole, ())  # before any result: the holders in the claims
+        return must_ask(agreed, ctx.peer_id, whole in ctx.fresh, ctx.trust.shunned)
 
     async def rival(self, module: str, round_: int, mine: OuterState) -> tuple[str, Stance] | None:
         """The earliest candidate before us that holds the round, or None (we may reduce it)."""

@@ -58,12 +58,13 @@ def _send(rounds, worker, groups):
     return worker.round_tokens
 
 
-def _settle_with(rounds, mid, result, refused: str):
-    item = rounds.in_flight.pop(mid)
-    item.future.set_result(result)
-    rounds.auditor.record = lambda *args, **kw: refused  # the check before applying: its verdict
-    rounds._settle(mid, item)
-    return item
+def _settle_with(rounds, mid, result, refused: str | None):
+    flight = rounds.in_flight[mid].units[0]  # the round is not sliced: one unit, the module
+    flight.future.set_result(result)
+    if refused is not None:
+        rounds.auditor.record = lambda *args, **kw: refused  # the check before applying: its verdict
+    rounds.poll(block=False)
+    return flight
 
 
 def test_a_round_whose_reducer_a_check_proved_a_liar_goes_to_the_next_candidate_once(spec, synthetic_docs):
@@ -80,8 +81,9 @@ def test_a_round_whose_reducer_a_check_proved_a_liar_goes_to_the_next_candidate_
     sent = _settle_with(rounds, mid, lie, "its mean of it is not what its frames give")
     # sent again: the same contribution, the same round, to the candidates after the liar
     assert exchange.calls == [(["r2", "me"], mid, first[2], first[3])] and exchange.after_lie[-1] is True
-    again = rounds.in_flight[mid]
+    again = rounds.in_flight[mid].units[0]
     assert again.retried and again.sent is sent.sent and again.reducer == "r2"
+    assert rounds.in_flight[mid].sent is sent.sent
     assert rounds.status.rounds_retried == 1 and rounds.status.rounds_failed == 0
     assert worker.outer[mid].round == 0 and bool((worker.outer[mid].anchor == anchor).all())  # nothing applied
     # a second proven lie in the same round is not sent again: the round fails, our steps carry
@@ -162,11 +164,10 @@ def test_a_mean_pointing_away_from_our_outer_gradient_is_checked_before_it_is_ap
         _send(rounds, worker, _groups(worker))
         sent = rounds.in_flight[mid].sent
         ours = worker.outer[mid].anchor - sent.local_when_sent
-        item = rounds.in_flight.pop(mid)
-        item.future.set_result(RoundResult(mid, 0, "merged", mean_frame=encode(sign * ours), reducer="r1",
-                                           contributors=["r1", "me"], frames=(("r1", 1, "h"), ("me", 1, "h"))))
         rounds.auditor.record = lambda *args, **kw: asked.append(kw.get("suspect")) or ""
-        rounds._settle(mid, item)
+        _settle_with(rounds, mid, RoundResult(mid, 0, "merged", mean_frame=encode(sign * ours), reducer="r1",
+                                              contributors=["r1", "me"], frames=(("r1", 1, "h"), ("me", 1, "h"))),
+                     None)
     assert asked == [False, True]
 
 
