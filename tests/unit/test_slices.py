@@ -31,6 +31,8 @@ from pathswarm.protocol.rounds.slices import (
     view,
 )
 
+from ..conftest import tiny_spec
+
 
 def test_slices_cover_the_module_once_on_block_boundaries():
     numel = 10 * SLICE_ALIGN + 123
@@ -227,8 +229,6 @@ def test_the_simulator_runs_the_round_in_slices_and_learns_as_with_one_reducer()
     """The one round rule, sliced: a 4-worker DiLoCo run with rounds in slices ends within 1 % of the loss of one
     reducer per round, its replicas identical, and its state history differs (the slices were merged on their own:
     each slice's robust mean and its own int8 blocks)."""
-    from tests.conftest import tiny_spec
-
     from pathswarm.node.train.simulate import SimConfig, run_simulation
 
     base = tiny_spec(width=64, base_width=64)
