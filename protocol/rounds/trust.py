@@ -55,8 +55,11 @@ class Trust:
                                  deadline_s=avg.grace_s + avg.timeout_s + 30),
             "state": Budget(1.0, 16, per_peer=2, total=8, deadline_s=avg.timeout_s + 5),
             "stance": Budget(4.0, 32, per_peer=2 * n_modules + 2, total=1024, deadline_s=STANCE_TIMEOUT_S + 5),
-            # an audit downloads a round's frames (about once a round per group); an alert follows a proven lie
-            "frames": Budget(1.0, 8, per_peer=n_modules + 1, total=16, deadline_s=avg.timeout_s + 5),
+            # an audit downloads a round's frames (about once a round per group; a reducer's checked rounds: every
+            # member, each of its modules, every round, a second or two apart in a small swarm, and in a round in slices
+            # it reduces one slice of every module); an alert follows a proven lie
+            "frames": Budget(2.0 * n_modules, max(8, 4 * n_modules), per_peer=n_modules + 1, total=16,
+                             deadline_s=avg.timeout_s + 5),
             "alert": Budget(0.5, 8, per_peer=2, total=64, deadline_s=10.0)},
             self.refuse)
 

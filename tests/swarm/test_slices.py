@@ -26,16 +26,23 @@ def _spec_path(tmp_path, slices: int):
     return path
 
 
-def _run(tmp_path, n: int, rounds: int, slices: int) -> dict[str, dict]:
+def _run(tmp_path, n: int, rounds: int, slices: int, liar: list[str] | None = None) -> dict[str, dict]:
+    """n nodes on one path (every node holds every module); `liar`: node n0 runs tests/lying_node.py with these
+    arguments, and only the others' statuses are returned."""
     swarm = LocalSwarm(_spec_path(tmp_path, slices), tmp_path / "run")
     names = [f"n{i}" for i in range(n)]
+    honest = names[1:] if liar else names
     try:
         swarm.start_bootstrap()
-        for i, name in enumerate(names):  # one path for all: every node holds every module of it
-            swarm.start_node(name, path="0.0", max_rounds=rounds, seed=i, extra=["--wait-peers", str(n)])
-        codes = swarm.wait_nodes(names, timeout_s=240)
-        assert codes == dict.fromkeys(names, 0), [swarm.tail(x) for x in names]
-        return {x: tokens_add_up(swarm.status(x)) for x in names}
+        for i, name in enumerate(names):
+            swarm.start_node(name, path="0.0", max_rounds=rounds, seed=i,
+                             extra=["--wait-peers", str(n), *(["--audit-rate", "8"] if liar else [])],
+                             entry=["-m", "tests.lying_node", *liar] if liar and name == "n0" else None)
+        codes = swarm.wait_nodes(honest, timeout_s=240)
+        assert codes == dict.fromkeys(honest, 0), [swarm.tail(x) for x in honest]
+        if liar:
+            assert "LYING: round 1 " in (tmp_path / "run" / "n0.log").read_text(), swarm.tail("n0", 20)
+        return {x: tokens_add_up(swarm.status(x)) for x in honest}
     finally:
         swarm.close()
 
@@ -68,6 +75,22 @@ def test_four_nodes_reduce_their_rounds_in_slices_with_identical_replicas(tmp_pa
 def test_eight_nodes_reduce_their_rounds_in_slices_with_identical_replicas(tmp_path):
     st = _run(tmp_path, 8, 4, slices=8)
     _check(st, 4)
+
+
+@pytest.mark.slow  # ~30 s: with the slow ones (`make test-slow`, in CI after the default suite)
+def test_a_slice_reducer_that_lies_is_caught_before_applying_and_its_slice_reduced_again(tmp_path):
+    """n0 lies (the sign-flipped mean) in every slice it reduces from round 1 on, the first sliced round, within its
+    checked rounds: the others check its slice before applying it, prove the lie, send that slice again to the next
+    candidate of its rotated list, and end with identical replicas, trusting n0 no more."""
+    st = _run(tmp_path, 4, 4, slices=4, liar=["3", "1"])
+    mismatches, compared = replica_mismatches(list(st.values()))
+    assert not mismatches and compared >= 6, (mismatches, compared)
+    liar = {p for s in st.values() for p in s["distrusted"]}
+    assert len(liar) == 1, {n: s["distrusted"] for n, s in st.items()}
+    for name, s in st.items():
+        assert "not what its frames give" in next(iter(s["distrusted"].values())), (name, s["distrusted"])
+        assert s["rounds_retried"] >= 1, (name, s["rounds_retried"])
+        assert s["val_loss_after"] < s["val_loss_before"], (name, s["val_loss_before"], s["val_loss_after"])
 
 
 def test_a_spec_with_the_default_one_slice_keeps_its_id():
