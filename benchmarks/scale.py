@@ -30,8 +30,7 @@ from pathlib import Path
 
 from _swarm_common import arguments, machine, save_plot, write_json
 
-from pathswarm.jsonfile import read_json
-from pathswarm.node.app.local_swarm import LocalSwarm
+from pathswarm.node.app.local_swarm import LocalSwarm, read_json
 from pathswarm.node.app.replicas import replica_mismatches
 from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.model.data import load_documents
