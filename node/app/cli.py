@@ -36,6 +36,7 @@ from pathswarm.protocol.membership import (
     verify_revocations,
 )
 from pathswarm.protocol.spec import (
+    AveragingSpec,
     DataSpec,
     InnerOptSpec,
     MembershipSpec,
@@ -44,6 +45,7 @@ from pathswarm.protocol.spec import (
     RouterSpec,
     SwarmSpec,
 )
+from pathswarm.protocol.spec_sections import MAX_SLICES
 
 PASSPHRASE_ENV = "PATHSWARM_OWNER_PASSPHRASE"
 """Where `swarm init --passphrase`, `swarm invite` and `swarm revoke` take an owner key's passphrase from, if set."""
@@ -128,6 +130,10 @@ def _parse_levels(text: str) -> tuple[int, ...]:
               help="Inner AdamW learning rate at base width.")
 @click.option("--name", default="pathswarm", show_default=True, help="Swarm name (part of its id).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the router fit and the initial weights.")
+@click.option("--slices", type=click.IntRange(1, MAX_SLICES), default=1, show_default=True,
+              help="Cut each module's outer round into up to this many slices, each reduced by another member, so "
+                   "that no node's traffic grows with the group (1: one reducer per module and round). For a swarm "
+                   "of many nodes on home links: 16 (README, 'Many nodes').")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--warm-start-steps", type=click.IntRange(min=0), default=0, show_default=True,
               help="Train the whole model this many steps on this machine before publishing it: round 0 becomes "
@@ -149,7 +155,7 @@ def _parse_levels(text: str) -> tuple[int, ...]:
 @friendly
 def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, width: int, base_width: int, heads: int,
                layers_per_module: int, context_len: int, inner_steps: int | None, outer_lr: float | None,
-               inner_lr: float, name: str, seed: int,
+               inner_lr: float, name: str, seed: int, slices: int,
                force: bool, warm_start_steps: int, warm_start_batch: int, init_dir: str | None, private: bool,
                owner_key: str | None, passphrase: bool) -> None:
     """Define a new swarm: build a spec, fit the document router, print paths and routing.
@@ -176,7 +182,7 @@ def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, widt
         model=ModelSpec(width=width, base_width=base_width, n_heads=heads, layers_per_module=layers_per_module,
                         context_len=context_len, seed=seed),
         router=RouterSpec(seed=seed), inner=InnerOptSpec(steps=inner_steps or default_h, lr=inner_lr),
-        outer=OuterOptSpec(lr=outer_lr or default_outer_lr), data=data)
+        outer=OuterOptSpec(lr=outer_lr or default_outer_lr), data=data, averaging=AveragingSpec(slices=slices))
     if (owner_key or passphrase) and not private:
         raise click.UsageError("--owner-key and --passphrase go with --private")
     from pathswarm.node.app.swarm_init import format_init_report, init_spec

@@ -130,3 +130,9 @@ def test_swarm_init_picks_the_measured_round_defaults_by_shape(tmp_path):
     assert got == {("1", 0): (50, 0.7), ("2x2", 0): (25, 0.5), ("2x2", 4): (40, 0.6)}
     res = runner.invoke(main, ["swarm", "init", "-o", str(tmp_path / "bad.toml"), *small, "--outer-lr", "0"])
     assert res.exit_code == 2 and "outer-lr" in res.output
+    # rounds in slices: asked for, written in the spec; out of range, refused with the range
+    res = runner.invoke(main, ["swarm", "init", "-o", str(tmp_path / "sliced.toml"), *small, "--slices", "16"])
+    assert res.exit_code == 0 and load_spec(tmp_path / "sliced.toml").averaging.slices == 16, res.output
+    assert load_spec(tmp_path / "1-0.toml").averaging.slices == 1
+    res = runner.invoke(main, ["swarm", "init", "-o", str(tmp_path / "bad.toml"), *small, "--slices", "65"])
+    assert res.exit_code == 2 and "1<=x<=64" in res.output, res.output
