@@ -151,14 +151,20 @@ def main() -> None:
                     help="how long the killed reducer stays dead (default: 8 s mid-round, 2 s replying)")
     ap.add_argument("--workdir", default=None, help="keep the run's files (logs, status files) here")
     ap.add_argument("--debug", action="store_true", help="the nodes log at debug level (with --workdir)")
+    ap.add_argument("--slices", type=int, default=1,
+                    help="[averaging] slices: rounds in slices (protocol/rounds/slices.py), each slice's reducer a "
+                         "kill target as the module's is with one (default 1: one reducer per module and round)")
     args = ap.parse_args()
-    if args.json == str(RESULTS / "restarts.json") and args.kill != "mid-round":
-        args.json = str(RESULTS / f"restarts_{args.kill}.json")  # the issue-15 figure stays where it was
+    if args.json == str(RESULTS / "restarts.json") and (args.kill != "mid-round" or args.slices > 1):
+        # the issue-15 figure stays where it was
+        args.json = str(RESULTS / "_".join(["restarts", *([args.kill] if args.kill != "mid-round" else []),
+                                            *(["slices"] if args.slices > 1 else [])])) + ".json"
     spec = init_spec(SwarmSpec(name="restarts", levels=(1, 3),
                                model=ModelSpec(width=32, base_width=32, n_heads=2, layers_per_module=1, context_len=32),
                                inner=InnerOptSpec(steps=H, batch_size=4, warmup_steps=2),
                                data=DataSpec(corpus="synthetic"),
-                               averaging=AveragingSpec(grace_s=3.0, timeout_s=20.0, claim_ttl_s=6.0)),
+                               averaging=AveragingSpec(grace_s=3.0, timeout_s=20.0, claim_ttl_s=6.0,
+                                                       slices=args.slices)),
                      synthetic_corpus(200, seed=0))
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pathswarm-restarts-") as tmp:

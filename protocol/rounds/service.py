@@ -29,6 +29,7 @@ from pathswarm.protocol.rounds.messages import (
 )
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducer import Reducer
+from pathswarm.protocol.rounds.slices import module_of_unit
 from pathswarm.protocol.rounds.state_parts import part_bounds, parts_for
 from pathswarm.protocol.wire import WireError, read_message, write_message
 
@@ -104,7 +105,9 @@ class Service:
         """Fault injection (`die_replying`): True for the one reply after which the process exits. Only a round
         with two members besides us (one gets the result, the other not); the other members' replies wait until the
         process is gone, so exactly one member has the result."""
-        which = self.die_replying.get((module, round_)) or self.die_replying.get((module, ANY_ROUND))
+        whole = module_of_unit(module)  # a slice's reducer (slices.py) dies as its module's would
+        which = (self.die_replying.get((module, round_)) or self.die_replying.get((whole, round_))
+                 or self.die_replying.get((whole, ANY_ROUND)))
         others = sorted(set(result.contributors) - {self.ctx.peer_id})
         if which is None or not result.applicable or len(others) < 2:
             return False  # not a round with two members to split between (a late answer of a version alone, say)
