@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -162,7 +163,7 @@ class Rounds:
                         except Exception:
                             pass
                     if flight.future.done():
-                        self._check_unit(mid, flight)  # sets its result, or sends it again (a new future)
+                        self._check_unit(mid, item, flight)  # sets its result, or sends it again (a new future)
                 if all(f.result is not None for f in item.units):
                     self.in_flight.pop(mid)
                     self._settle(mid, item)
@@ -175,11 +176,12 @@ class Rounds:
             self.settled_any = False
         return complete
 
-    def _check_unit(self, mid: str, flight: UnitFlight) -> None:
+    def _check_unit(self, mid: str, item: InFlight, flight: UnitFlight) -> None:
         """A unit's reply: checked before it may be applied (docs/ARCHITECTURE.md, "The check before applying"); a
         proven lie sends the unit again to the next candidate instead."""
         result: RoundReply = flight.future.result()
-        st = view(self.worker.outer[mid], flight.unit)
+        module = self.worker.outer[mid]
+        st = view(module, flight.unit)
         uid = flight.unit.id
         logger.debug("%s round %d: %s with %d contributors (%s)", uid, result.round, result.status,
                      len(result.contributors), result.reason)
@@ -189,8 +191,11 @@ class Rounds:
             # before settle: the round rule's history norm is the momentum's before this round's mean moves it
             reference = reference_norm(st)
             # Another's round is applied only within what an honest round sends (protocol/rounds/rule.py
-            # `mean_bound`): our own outer gradient and the module's momentum (a slice's: its part of both).
-            bound = mean_bound(flight.sent.delta_norm, flight.sent.tokens, reference, self.spec,
+            # `mean_bound`): our own outer gradient and the momentum, the whole module's even for a slice. A slice's
+            # own part of them may be nothing where ours is not (embedding rows of bytes our documents never had,
+            # while another member's had them: a bound of 0, every honest mean of the slice a "lie", measured at 8
+            # nodes); a slice's reducer then gets the module's budget for its slice, one slice a round.
+            bound = mean_bound(item.sent.delta_norm, item.sent.tokens, reference_norm(module), self.spec,
                                len(result.contributors))
             mean = self._decoded(st, result)  # once: for the checks here and for settle
             # A mean pointing away from our own outer gradient in it (rule.py `suspicious`) is audited before applying.
@@ -373,7 +378,8 @@ def whole_of(state: OuterState, parts: list[Contribution]) -> Contribution:
     frames did not carry (`merged_base`: what a saved round in progress counts our unsent steps from), its tokens."""
     unsent = None if parts[0].unsent is None else torch.cat([p.unsent for p in parts if p.unsent is not None])
     return Contribution(frame=b"", tokens=parts[0].tokens, round=state.round, digest_before=state.digest(),
-                        local_when_sent=torch.cat([p.local_when_sent for p in parts]), unsent=unsent)
+                        local_when_sent=torch.cat([p.local_when_sent for p in parts]), unsent=unsent,
+                        delta_norm=math.sqrt(sum(p.delta_norm ** 2 for p in parts)))
 
 
 def applied_parts(applied: list[tuple[UnitFlight, Settlement]]) -> tuple[AppliedPart, ...]:

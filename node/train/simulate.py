@@ -16,6 +16,7 @@ Validation loss is routed: each validation document is scored by the path the ro
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -273,6 +274,7 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
         sent[w.name] = make_slice_contributions(w.outer[mid], w.flat(mid), w.feedback[mid], spec.codec,
                                                 tokens[w.name], units)
     names = sorted(sent)
+    own_norm = {name: math.sqrt(sum(c.delta_norm ** 2 for c in parts)) for name, parts in sent.items()}
     agreed = first.reducers if set(first.reducers) == set(names) else tuple(names)
     closes, up, down = [], 0, 0
     for j, unit in enumerate(units):
@@ -299,10 +301,11 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
             if not closed.mean_frame:
                 status = "failed"
             piece = view(state, unit)
+            # the member's bound is the whole module's, as the node's (node/peer/rounds.py `_check_unit`)
             parts.append(settle(piece, mine, local[unit.lo:unit.hi], status, piece.round, closed.mean_frame,
                                 closed.digest_after, spec.outer, codec=spec.codec, next_reducers=following,
-                                bound=None if w.name == reducer else mean_bound(mine.delta_norm, mine.tokens,
-                                                                                reference_norm(piece), spec,
+                                bound=None if w.name == reducer else mean_bound(own_norm[w.name], mine.tokens,
+                                                                                reference_norm(state), spec,
                                                                                 len(closed.used))))
             if parts[-1].lie:  # the members' bound holds every honest round: the simulator runs none other
                 raise AssertionError(f"{unit.id} round {r}: an honest mean broke {w.name}'s bound: {parts[-1].lie}")

@@ -231,3 +231,45 @@ def test_a_blocking_poll_waits_for_the_round_sent_again_and_then_completes(spec,
     assert rounds.poll(block=True, timeout_s=5.0) is True  # both passes settled: the round is complete
     assert rounds.in_flight == {} and rounds.status.rounds_retried == len(worker.module_ids)
     assert rounds.status.rounds_failed == len(worker.module_ids)
+
+
+def test_a_slice_where_our_outer_gradient_is_nothing_still_takes_an_honest_mean(synthetic_docs):
+    """In a round in slices, a slice of ours may be all zeros (embedding rows of bytes our documents never held) where
+    another member's is not: the member's bound is the whole module's, so an honest mean of that slice is applied,
+    not taken for a lie (measured at 8 nodes before: every such slice's reducer distrusted)."""
+    import dataclasses
+
+    import torch
+
+    from pathswarm.compression import encode
+    from pathswarm.protocol.rounds.slices import view
+
+    from ..conftest import tiny_spec
+
+    spec = tiny_spec(width=64, base_width=64)
+    spec = spec.replace(averaging=dataclasses.replace(spec.averaging, slices=4))
+    rounds, worker, exchange, _ = _rounds(spec, synthetic_docs)
+    mid = "L0M0"
+    agreed = ("me", "r1", "r2")
+    for m in worker.module_ids:
+        worker.outer[m] = worker.outer[m].with_reducers(agreed)
+    worker.train_inner(1)
+    rounds.send(_groups(worker, agreed))
+    units = [f.unit for f in rounds.in_flight[mid].units]
+    assert len(units) == 3 and units[0].id == "L0M0[0/3]"  # K: one slice per member of the agreed list
+    # Our slice 1 is made all zeros (as if our steps never touched it), before the send's frames are read back.
+    u = units[1]
+    flight = rounds.in_flight[mid].units[1]
+    zero_sent = dataclasses.replace(flight.sent, delta_norm=0.0,
+                                    local_when_sent=worker.outer[mid].anchor[u.lo:u.hi].clone())
+    flight.sent = zero_sent
+    st = view(worker.outer[mid], u)
+    mean = torch.full((u.numel,), 1e-4)  # an honest-sized mean from the others
+    reducer = flight.order[0]
+    flight.future.set_result(RoundResult(u.id, 0, "merged", mean_frame=encode(mean), reducer=reducer,
+                                         contributors=["me", "r1", "r2"], frames=(("r1", 1, "h"),)))
+    rounds.auditor.record = lambda *args, **kw: ""  # its checks pass
+    rounds.poll(block=False)
+    assert reducer not in exchange.distrusted, exchange.distrusted
+    assert flight.result is not None and flight.result.status == "merged", flight.result
+    assert flight.bound is not None and flight.bound > float(torch.linalg.vector_norm(mean)) and st.round == 0
