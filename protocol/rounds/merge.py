@@ -5,7 +5,7 @@ simulator (node/train/simulate.py) call the same `merge`, so benchmarks measure 
 
 1. Screening. A contribution is rejected, with its peer and a reason, if its frame does not decode,
    holds another number of values than the module, holds NaN/Inf, or (in groups of 3 or more) has a
-   norm above `norm_bound` × the median norm of the group's contributions. With one or two
+   norm above `norm_bound` × the median norm of the group's non-zero contributions. With one or two
    contributions there is no majority to measure against: each is clipped (scaled down, not
    rejected) to `norm_bound` × a reference from the module's history instead (the round rule passes
    the norm of the outer momentum, the running sum of the rounds merged so far; 0 before any
@@ -110,6 +110,10 @@ def screen(deltas: Sequence[torch.Tensor | None], norm_bound: float) -> list[str
             reasons[i] = "NaN or Inf values"
             continue
         norms[i] = float(torch.linalg.vector_norm(d))
+    # An all-zero contribution says nothing of how large an outer gradient is: left out of the median. In a round in
+    # slices (slices.py) most members' slice of embedding rows for rare bytes is all zeros, and the median of 0 then
+    # rejected the one member that trained them (and, three times over, ignored it for the session).
+    norms = {i: n for i, n in norms.items() if n > 0}
     if norm_bound > 0 and len(norms) >= 3:
         median = float(torch.tensor(list(norms.values())).median())
         for i, n in norms.items():

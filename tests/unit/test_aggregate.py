@@ -69,6 +69,18 @@ def test_non_finite_values_are_rejected():
     assert reasons == [None, None, "NaN or Inf values", None]
 
 
+def test_all_zero_contributions_do_not_set_the_median_a_norm_is_screened_against():
+    """A round in slices: most members' part of an embedding slice may be all zeros (bytes their documents never
+    held); the one member that trained those rows is not rejected for a norm far above the median of zeros."""
+    from pathswarm.protocol.rounds.merge import screen
+
+    xs = honest(4)
+    zero = torch.zeros(NUMEL)
+    assert screen([zero, zero, zero, xs[0]], 10.0) == [None] * 4
+    # with three non-zero ones, the screen still holds against an outlier among them
+    assert screen([zero, xs[0], xs[1], xs[2], 100 * xs[3]], 10.0)[4].startswith("norm ")
+
+
 def test_merge_is_deterministic_to_the_bit():
     xs = honest(5, seed=3) + [-4 * honest(1, seed=4)[0]]
     contributions = [(f"p{i}", 10 + i, encode(x)) for i, x in enumerate(xs)]
