@@ -38,6 +38,50 @@ def node_id(identity: str | None) -> None:
     click.echo(f"(identity {path})", err=True)
 
 
+@node.command("unit", context_settings={"ignore_unknown_options": True})
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write the unit here, e.g. ~/.config/systemd/user/pathswarm-node.service (default: print it).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --output.")
+@click.argument("node_args", nargs=-1, type=click.UNPROCESSED)
+@friendly
+def node_unit(output: str | None, force: bool, node_args: tuple[str, ...]) -> None:
+    """Write a systemd user unit that runs `pathswarm node run NODE_ARGS` unattended.
+
+    The node's arguments come after `--`; they are checked as `node run` checks them, and relative paths are made
+    absolute. The unit restarts the node on failure (not after exit 2, bad input) and stops it with SIGTERM, on which
+    it leaves the swarm cleanly. Then:
+
+        systemctl --user daemon-reload && systemctl --user enable --now pathswarm-node
+
+    (`loginctl enable-linger $USER` keeps it running while you are logged out; `journalctl --user -u pathswarm-node`
+    shows its log.) Example:
+
+        pathswarm node unit -o ~/.config/systemd/user/pathswarm-node.service -- --swarm public
+    """
+    from pathswarm.node.app.systemd_unit import absolute_args, unit_text
+
+    if not node_args:
+        raise click.UsageError("give the node's arguments after --, e.g. `pathswarm node unit -- --swarm public`")
+    args = absolute_args(node_args)
+    try:
+        node_run.make_context("node run", list(args))  # parsed and checked as `node run` would, not run
+    except click.exceptions.Exit:  # `--help` among them: its help was printed
+        return
+    except click.ClickException as e:
+        raise click.UsageError(f"the node's arguments: {e.format_message()}") from None
+    text = unit_text(args)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    out = Path(output).expanduser()
+    if out.exists() and not force:
+        raise click.UsageError(f"{out} exists; pass --force to overwrite it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    click.echo(f"wrote {out}; start it with: systemctl --user daemon-reload && "
+               f"systemctl --user enable --now {out.stem}", err=True)
+
+
 @node.command("plan")
 @click.option("--swarm", "spec_path", default=None, help="The swarm's spec (TOML), or 'public'.")
 @click.option("--join", "join_id", default=None, help="The swarm's id: its spec is fetched through --initial-peer.")
