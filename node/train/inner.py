@@ -61,6 +61,18 @@ class AdamW:
                 p.addcdiv_(st["exp_avg"], denom, value=-lr / bias1)
 
 
+def import_bitsandbytes():
+    """bitsandbytes, imported without its CPU backend's warning: on a CPU with AVX-512 BF16 it tries to download a
+    4-bit matmul kernel and, without the `kernels` package, tells the user to `pip install kernels`. We use its 8-bit
+    AdamW only, which needs no such kernel: the hint is irrelevant to a pathswarm node (issue 32)."""
+    import logging
+
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    import bitsandbytes
+
+    return bitsandbytes
+
+
 def make_inner_optimizer(model: PathModel, cfg: InnerOptSpec, lr: float | None = None,
                          optimizer: str | None = None):
     """The inner optimizer over the path's parameters with muP per-group learning rates (lr overrides cfg.lr):
@@ -71,8 +83,7 @@ def make_inner_optimizer(model: PathModel, cfg: InnerOptSpec, lr: float | None =
     if kind == "adamw8bit":
         # Imported here only: bitsandbytes and the torch.optim machinery it pulls in cost seconds at start-up
         # (see AdamW above), and most nodes never use it.
-        import bitsandbytes as bnb
-
+        bnb = import_bitsandbytes()
         return bnb.optim.AdamW8bit(groups, betas=(cfg.beta1, cfg.beta2))
     if kind != "adamw":
         raise ValueError(f"unknown inner optimizer {kind!r} (adamw or adamw8bit)")
