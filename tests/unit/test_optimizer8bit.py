@@ -84,9 +84,8 @@ def test_bitsandbytes_is_imported_without_its_irrelevant_cpu_hint():
         return subprocess.run([sys.executable, "-c", "import logging; logging.basicConfig(); " + code],
                               capture_output=True, text=True, timeout=120).stderr
 
-    ours = stderr_of("from pathswarm.node.train.inner import import_bitsandbytes; import_bitsandbytes()")
-    assert "pip install kernels" not in ours and "Traceback" not in ours, ours
+    # On this project's machines the plain import shows the hint (on a CPU without AVX-512 BF16 it shows nothing,
+    # and the assertion below then holds trivially).
     plain = stderr_of("import bitsandbytes")
-    if "pip install kernels" not in plain:  # this CPU has no AVX-512 BF16: nothing to hide here
-        return
-    assert "kernels" in plain  # the hint shows without it: what is hidden is that one line
+    ours = stderr_of("from pathswarm.node.train.inner import import_bitsandbytes; import_bitsandbytes()")
+    assert "pip install kernels" not in ours and "Traceback" not in ours, (ours, plain)
