@@ -124,8 +124,8 @@ def _parse_levels(text: str) -> tuple[int, ...]:
 @click.option("--inner-steps", type=click.IntRange(min=1), default=None,
               help="H: inner AdamW steps per outer round (default: 50 for one path, 25 for a grid of paths).")
 @click.option("--outer-lr", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Outer Nesterov learning rate (default: 0.7 for one path, 0.5 for a grid: measured, see README "
-                   "'Does it learn?').")
+              help="Outer Nesterov learning rate (default: 0.7 for one path, 0.5 for a grid: measured, see "
+                   "docs/BENCHMARKS.md, 'Does it learn?').")
 @click.option("--inner-lr", type=float, default=3e-3, show_default=True,
               help="Inner AdamW learning rate at base width.")
 @click.option("--name", default="pathswarm", show_default=True, help="Swarm name (part of its id).")
@@ -133,7 +133,7 @@ def _parse_levels(text: str) -> tuple[int, ...]:
 @click.option("--slices", type=click.IntRange(1, MAX_SLICES), default=1, show_default=True,
               help="Cut each module's outer round into up to this many slices, each reduced by another member, so "
                    "that no node's traffic grows with the group (1: one reducer per module and round). For a swarm "
-                   "of many nodes on home links: 16 (README, 'Many nodes').")
+                   "of many nodes on home links: 16 (docs/HOW_IT_WORKS.md, 'Many nodes').")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--warm-start-steps", type=click.IntRange(min=0), default=0, show_default=True,
               help="Train the whole model this many steps on this machine before publishing it: round 0 becomes "

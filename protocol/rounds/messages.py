@@ -31,6 +31,10 @@ MAX_REASON = 200
 MAX_CONTRIBUTORS = MAX_LISTED = 1024
 """Most contributions a result may list."""
 
+SORTED_CONTRIBUTORS = "="
+"""A result's `reducers` when they are its contributors, sorted (a round in slices names them so): said in one
+character instead of a second copy of the list."""
+
 FrameEntry = tuple[str, int, str]
 """(peer, tokens, sha256 hex of its frame): one contribution as a result lists it."""
 
@@ -199,10 +203,19 @@ class RoundReply(Message):
         return self.status.applies and bool(self.mean_frame)
 
     def header(self) -> dict[str, Any]:
-        return {"module": self.module, "round": self.round, "status": self.status.value,
-                "contributors": list(self.contributors), "tokens": self.tokens, "digest_after": self.digest_after,
-                "reason": self.reason, "reducers": list(self.reducers), "redirect": self.redirect,
-                "frames": [list(e) for e in self.frames]}
+        out: dict[str, Any] = {"module": self.module, "round": self.round, "status": self.status.value,
+                               "tokens": self.tokens, "digest_after": self.digest_after, "reason": self.reason,
+                               "redirect": self.redirect, "frames": [list(e) for e in self.frames]}
+        # Said once: the contributors are the frame list's peers, and a round in slices names them, sorted, as the
+        # next round's candidates (protocol/rounds/reducer.py `next_reducers`). A reply of 16 members carried each
+        # list three times, 3.8 KB a reply, a third of a small slice's mean (benchmarks/scale.py).
+        if tuple(p for p, _, _ in self.frames) != tuple(self.contributors):
+            out["contributors"] = list(self.contributors)
+        if self.reducers and self.reducers == tuple(sorted(self.contributors)):
+            out["reducers"] = SORTED_CONTRIBUTORS
+        else:
+            out["reducers"] = list(self.reducers)
+        return out
 
     @classmethod
     def parse(cls, header: dict[str, Any], mean_frame: bytes = b"") -> Self:
@@ -210,16 +223,19 @@ class RoundReply(Message):
             status = RoundStatus(str(header.get("status")))
         except ValueError:
             raise WireError(f"unknown round status {str(header.get('status'))[:40]!r}") from None
-        raw = header.get("contributors")
-        contributors: list = raw if isinstance(raw, list) else []
-        try:
-            reducers = parse_candidates(header.get("reducers") or [])
-        except ValueError:
-            reducers = ()
         try:  # a result whose list does not parse lists nothing: our own entry is then missing
             frames = parse_frame_list(header.get("frames") or [])
         except ValueError:
             frames = ()
+        raw = header.get("contributors", [p for p, _, _ in frames])  # absent: the frame list's peers (`header`)
+        contributors: list = raw if isinstance(raw, list) else []
+        try:
+            named = header.get("reducers") or []
+            if named == SORTED_CONTRIBUTORS:
+                named = sorted(str(c) for c in contributors)
+            reducers = parse_candidates(named)
+        except ValueError:
+            reducers = ()
         tokens = header.get("tokens")
         return cls(_str(header, "module"), _int(header, "round"), status,
                    tuple(str(c)[:MAX_ID] for c in contributors[:MAX_CONTRIBUTORS]),

@@ -91,3 +91,29 @@ def test_replies_that_are_not_what_they_say():
         StanceReply.parse({"stance": "maybe"})
     with pytest.raises(WireError):
         FramesReply.parse({"status": "ok", "count": MAX_CONTRIBUTORS + 1})
+
+
+def test_a_result_says_its_contributors_and_a_sorted_candidate_list_once():
+    """The contributors are the frame list's peers and a round in slices names them, sorted, as the next candidates:
+    both lists travel once (a reply of 16 members carried each three times, a third of a small slice's mean)."""
+    import json
+
+    from pathswarm.protocol.rounds.messages import SORTED_CONTRIBUTORS
+
+    peers = tuple(f"Qm{i:044d}" for i in range(16))
+    frames = tuple((p, 10, "ab" * 32) for p in peers)
+    sliced = RoundReply("m[1/16]", 3, "merged", peers, 160, "cd" * 32, reducers=peers, frames=frames)
+    head = sliced.header()
+    assert "contributors" not in head and head["reducers"] == SORTED_CONTRIBUTORS
+    assert len(json.dumps(head)) < 2400
+    back = RoundReply.parse(json.loads(json.dumps(head)), b"x")
+    assert back.contributors == peers and back.reducers == peers and back.frames == frames
+    # a list that is not the sorted contributors (one reducer's: itself first) is sent as it is
+    star = RoundReply("m", 3, "merged", peers, 160, "cd" * 32, reducers=(peers[5], *peers[:5], *peers[6:]),
+                      frames=frames)
+    assert RoundReply.parse(star.header()).reducers == star.reducers
+    # contributors other than the frame list's peers (a liar's, or a failed round's) are sent, and the member's check
+    # compares the two (protocol/rounds/member.py)
+    odd = RoundReply("m", 3, "merged", peers[:3], 30, "", frames=frames[:2])
+    assert RoundReply.parse(odd.header()).contributors == peers[:3]
+    assert RoundReply.parse(RoundReply("m", 3, "failed", reason="x").header()).contributors == ()
