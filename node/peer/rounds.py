@@ -256,11 +256,16 @@ class Rounds:
             self.applied.applied(mid, st.round - 1, first.reducer or item.reducer, first.mean_frame,
                                  done.digest_after, parts=applied_parts(applied) if len(item.units) > 1 else ())
             if done.diverged:
-                # Our replica is not the group's: the re-sync replaces it, and the history does not record it.
-                flight, part = next((f, p) for f, p in applied if p.diverged)
+                # Our replica is not the group's (or, with a slice not applied, may not be: node/train/round.py
+                # `settle_slices`): the re-sync check replaces it if so, and the history does not record it.
+                flight, part = next(((f, p) for f, p in applied if p.diverged), applied[0])
                 assert flight.result is not None
-                logger.error("%s round %d: digest %s != group's %s; re-syncing", flight.unit.id, flight.result.round,
-                             part.digest_after, flight.result.digest_after)
+                if part.diverged:
+                    logger.error("%s round %d: digest %s != group's %s; re-syncing", flight.unit.id,
+                                 flight.result.round, part.digest_after, flight.result.digest_after)
+                else:
+                    logger.warning("module %s round %d: not every slice applied here; checking our state against "
+                                   "the group's", mid, st.round - 1)
                 self._resync_later(mid, flight.result.reducer or flight.reducer)
             if done.reason:
                 logger.warning("module %s round %d: %s (their steps carry)", mid, st.round - 1, done.reason)

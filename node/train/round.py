@@ -224,7 +224,8 @@ def settle_slices(state: OuterState, units: Sequence[Unit], parts: Sequence[Sett
     leaves its part as it was and its steps in the local weights. The module is at the next round when any slice
     was applied, and names the list of the first applied slice's result (every member holding the same results
     names the same list). Our tokens are merged when every slice merged our outer gradient; otherwise they carry to
-    the next round whole (the slices that did merge weigh them again then, within `max_weight`'s cap)."""
+    the next round whole (the slices that did merge weigh them again then, within `max_weight`'s cap). A round some
+    of whose slices were not applied is `diverged`: the others may hold them (see below)."""
     if len(units) == 1 and units[0].k == 1:
         done = parts[0]
         return SlicedSettlement(done, tuple(units) if done.restore_feedback else ())
@@ -252,9 +253,15 @@ def settle_slices(state: OuterState, units: Sequence[Unit], parts: Sequence[Sett
     after = OuterState(anchor, momentum, state.round + 1, applied[0][1].state.reducers)  # type: ignore[union-attr]
     failed = [u for u, s in zip(units, parts, strict=True) if not s.applied]
     reason = f"slices {', '.join(str(u.j) for u in failed)} of {len(units)} not applied" if failed else ""
+    # A slice not applied here may have been applied by the others (its reducer answered them, not us; it said we
+    # are behind): our state at the next round is then not the group's, under the same round number, which the split
+    # watch would find rounds later as two versions and heal by throwing those rounds away (benchmarks/restarts.py
+    # --slices). Marked diverged, the node checks its state against the one a majority vouches for at once, and
+    # adopts it if it differs (keeping its local progress); a slice that failed for everyone changes nothing then.
     done = Settlement(applied=True, state=after, local=local, restore_feedback=bool(restore),
                       merged_tokens=tokens if all_merged else 0, carried_tokens=0 if all_merged else tokens,
-                      digest_after=after.digest(), diverged=any(s.diverged for s in parts), reason=reason)
+                      digest_after=after.digest(), diverged=any(s.diverged for s in parts) or bool(failed),
+                      reason=reason)
     return SlicedSettlement(done, restore)
 
 

@@ -123,7 +123,7 @@ def test_a_round_in_slices_gives_every_member_the_state_one_reducer_would_when_e
                             spec.codec), "", spec.outer, codec=spec.codec, next_reducers=("a", "b", "c", "d"),
                             decoded=mean[u.lo:u.hi]))
     done = settle_slices(st, units, parts, local, 10).settlement
-    assert done.applied and done.merged_tokens == 10 and done.carried_tokens == 0
+    assert done.applied and done.merged_tokens == 10 and done.carried_tokens == 0 and not done.diverged
     assert torch.equal(done.state.anchor, whole.anchor) and torch.equal(done.state.momentum, whole.momentum)
     assert done.state.round == st.round + 1 and done.state.reducers == ("a", "b", "c", "d")
     assert done.digest_after == whole.digest()
@@ -154,6 +154,7 @@ def test_a_failed_slice_leaves_its_part_and_its_steps_while_the_others_apply(spe
     assert not torch.equal(done.state.anchor[:f.lo], st.anchor[:f.lo])
     assert done.merged_tokens == 0 and done.carried_tokens == 40  # not every slice merged: the tokens carry
     assert "slices 1 of 3" in done.reason and [u.j for u in sliced.restore] == [1, 2]
+    assert done.diverged  # the others may have applied slice 1: the node checks its state against the group's
     # nothing applied at all: the module stays at its round, every slice's steps carry
     failed = [settle(view(st, u), c, local_now[u.lo:u.hi], "failed", st.round, b"", "", spec.outer,
                      codec=spec.codec) for u, c in zip(units, sent, strict=True)]
