@@ -10,7 +10,7 @@ with the others. Every incarnation's status file is kept; at the end every node'
 round) is compared with every other's (node/app/replicas.py), whatever their groups.
 
 `--kill replying` (issue 27, item 5) times each kill into the reducer's replies instead: every node runs with the
-PATHSWARM_TEST_DROP_REPLY `:exit` hook (node/peer/rounds.py `faults_from_env`) on every round of `shared` (the
+PATHSWARM_TEST_DROP_REPLY `:exit` hook (node/peer/faults.py `faults_from_env`) on every round of `shared` (the
 member whose id sorts first gets the reply) and `L0M0` (the last one gets it), armed once per cycle by a file: the
 first reducer to reply to two members after the arming replies to one and exits (os._exit), the other gets nothing.
 It is restarted `--dead-s` later (default 2 s: back on its checkpoint before the group moved on, the hardest case)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -82,10 +81,17 @@ class InFlight:
     sent: Contribution
     """The module's: its weights at the send (`merged_base`) and tokens (the unit's own contribution when K = 1)."""
     units: list[UnitFlight]
+    _reference: tuple[OuterState, float] | None = None
 
     @property
     def reducer(self) -> str:
         return self.units[0].reducer
+
+    def module_reference(self, state: OuterState) -> float:
+        """The module's momentum norm (rule.py `reference_norm`) as of `state`, once for all its slices' checks."""
+        if self._reference is None or self._reference[0] is not state:
+            self._reference = (state, reference_norm(state))
+        return self._reference[1]
 
 
 class Rounds:
@@ -191,11 +197,9 @@ class Rounds:
             # before settle: the round rule's history norm is the momentum's before this round's mean moves it
             reference = reference_norm(st)
             # Another's round is applied only within what an honest round sends (protocol/rounds/rule.py
-            # `mean_bound`): our own outer gradient and the momentum, the whole module's even for a slice. A slice's
-            # own part of them may be nothing where ours is not (embedding rows of bytes our documents never had,
-            # while another member's had them: a bound of 0, every honest mean of the slice a "lie", measured at 8
-            # nodes); a slice's reducer then gets the module's budget for its slice, one slice a round.
-            bound = mean_bound(item.sent.delta_norm, item.sent.tokens, reference_norm(module), self.spec,
+            # `mean_bound`): our own outer gradient and the momentum, the whole module's even for a slice (ours may be
+            # all zeros in a slice where another member's is not: embedding rows of bytes our documents never had).
+            bound = mean_bound(item.sent.delta_norm, item.sent.tokens, item.module_reference(module), self.spec,
                                len(result.contributors))
             mean = self._decoded(st, result)  # once: for the checks here and for settle
             # A mean pointing away from our own outer gradient in it (rule.py `suspicious`) is audited before applying.
@@ -395,25 +399,3 @@ def applied_parts(applied: list[tuple[UnitFlight, Settlement]]) -> tuple[Applied
         out.append(AppliedPart(flight.unit.lo, flight.unit.hi, flight.result.reducer or flight.reducer,
                                flight.result.mean_frame))
     return tuple(out)
-
-
-def faults_from_env() -> tuple[set[tuple[str, int]], dict[tuple[str, int], str], str]:
-    """Fault injection for tests: PATHSWARM_TEST_DROP_REPLY="MODULE:ROUND,…" makes this node, as the reducer of
-    those rounds, close its reply to their members unsent (as if the connection broke after the merge);
-    "MODULE:ROUND:exit" (or ":exit-last"; ROUND "*": any) instead replies to one member of the round, the one whose
-    peer id sorts first (last), and exits the process (os._exit) before the others' replies: a reducer killed while
-    replying (tests/swarm/test_split_heals.py, benchmarks/restarts.py). PATHSWARM_TEST_EXIT_ARM=FILE: a process dies
-    so only if it removes FILE first: one death per arming in the whole swarm. Returns (dropped, (module, round or
-    -1) → "first" | "last", FILE)."""
-    drop, die = set(), {}
-    for item in filter(None, os.environ.get("PATHSWARM_TEST_DROP_REPLY", "").split(",")):
-        head, _, tail = item.rpartition(":")
-        if tail in ("exit", "exit-last"):
-            module, _, round_ = head.rpartition(":")
-            die[(module, -1 if round_ == "*" else int(round_))] = "last" if tail == "exit-last" else "first"
-        else:
-            drop.add((head, int(tail)))
-    if drop or die:  # never silent: a node that drops or dies on purpose says so first
-        logger.warning("fault injection for tests is on (PATHSWARM_TEST_DROP_REPLY): this node will drop or die "
-                       "while replying to rounds of %s", ", ".join(sorted({m for m, _ in drop | set(die)})))
-    return drop, die, os.environ.get("PATHSWARM_TEST_EXIT_ARM", "")

@@ -207,7 +207,7 @@ class RoundReply(Message):
                                "tokens": self.tokens, "digest_after": self.digest_after, "reason": self.reason,
                                "redirect": self.redirect, "frames": [list(e) for e in self.frames]}
         # Said once: the contributors are the frame list's peers, and a round in slices names them, sorted, as the
-        # next round's candidates (protocol/rounds/reducer.py `next_reducers`). A reply of 16 members carried each
+        # next round's candidates (protocol/rounds/reducers.py `next_candidates`). A reply of 16 members carried each
         # list three times, 3.8 KB a reply, a third of a small slice's mean (benchmarks/scale.py).
         if tuple(p for p, _, _ in self.frames) != tuple(self.contributors):
             out["contributors"] = list(self.contributors)

@@ -35,7 +35,7 @@ from pathswarm.protocol.rounds.reducer_state import (
     failed,
     rank_lost,
 )
-from pathswarm.protocol.rounds.reducers import MAX_CANDIDATES, Stance, successors
+from pathswarm.protocol.rounds.reducers import Stance, next_candidates
 from pathswarm.protocol.rounds.rule import ClosedRound
 from pathswarm.protocol.rounds.slices import UnitNumels, module_of_unit, rotated
 from pathswarm.protocol.rounds.stance import Stances
@@ -380,22 +380,9 @@ class Reducer:
 
 
 def next_reducers(ctx: Context, module: str, used: tuple[str, ...]) -> tuple[str, ...]:
-    """Who reduces the next round, as the result names them (reducers.py rule 1, with the partners' exception). A
-    slice's result (slices.py) names the members sorted, clients left out: every slice's result of a round then names
-    the same list when the same members are in each, and each slice rotates over it; a client never heads it."""
-    clients = ctx.clients | ({ctx.peer_id} if ctx.client else set())
-    reducers = successors(ctx.peer_id, used, clients)
-    if module != module_of_unit(module):
-        reducers = tuple(sorted(set(reducers) - clients))[:MAX_CANDIDATES] or reducers
-    partners = ctx.groups.partners.get(module_of_unit(module), ())
-    if set(used) == {ctx.peer_id} and len(partners) > 1:
-        # Alone in the round while holders we have merged this module with may reduce: each side of a split
-        # (after a revocation, say) would otherwise name only itself and reduce itself round after round, the
-        # split watch healing one round while the next is already in flight. Both sides have merged with each
-        # other and name the same sorted list, so they meet at its head next round (node/peer/claims.py
-        # `partners_of`; a node that just joined, at another round of the module, is not in it).
-        reducers = tuple(partners[:MAX_CANDIDATES])
-    return reducers
+    """Who reduces the next round, as our result names them (reducers.py `next_candidates`)."""
+    return next_candidates(ctx.peer_id, used, ctx.clients | ({ctx.peer_id} if ctx.client else set()),
+                           ctx.groups.partners.get(module_of_unit(module), ()), sliced=module != module_of_unit(module))
 
 
 def close_and_hash(closer: Closer, contributions: list, numel: int, before: OuterState | None) -> ClosedRound:

@@ -60,6 +60,27 @@ def successors(reducer: str, contributors: Iterable[str], clients: Iterable[str]
     return (reducer, *rest)[:MAX_CANDIDATES]
 
 
+def next_candidates(me: str, used: Iterable[str], clients: Iterable[str], partners: Sequence[str] = (),
+                    sliced: bool = False) -> tuple[str, ...]:
+    """The candidates a reducer (`me`) names for the next round, from its round's merged peers (`used`): rule 1
+    (`successors`), with two exceptions.
+    - A slice's result (slices.py, `sliced`) names the members sorted, clients left out: every slice's result of a
+      round then names the same list when the same members are in each, and each slice rotates over it; a client
+      never heads it.
+    - Alone in the round while holders we have merged this module with (`partners`, us included, sorted) may reduce:
+      each side of a split (after a revocation, say) would otherwise name only itself and reduce itself round after
+      round, the split watch healing one round while the next is already in flight. Both sides have merged with each
+      other and name the same sorted list, so they meet at its head next round (node/peer/claims.py `partners_of`; a
+      node that just joined, at another round of the module, is not in it)."""
+    used, clients = set(used), set(clients)
+    reducers = successors(me, used, clients)
+    if sliced:
+        reducers = tuple(sorted(set(reducers) - clients))[:MAX_CANDIDATES] or reducers
+    if used == {me} and len(partners) > 1:
+        reducers = tuple(partners[:MAX_CANDIDATES])
+    return reducers
+
+
 def genesis_candidates(holders: Iterable[str], seasoned: Iterable[str]) -> tuple[str, ...]:
     """Before any result names them: holders that have trained a round first, then the others, each sorted."""
     seasoned = set(seasoned)

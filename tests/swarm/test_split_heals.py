@@ -2,7 +2,7 @@
 
 Real node processes on 127.0.0.1, a 1x3 spec (all three nodes hold `shared` and `L0M0`). The reducer of round 4 of
 those modules replies to one member and exits hard before the other's reply (the PATHSWARM_TEST_DROP_REPLY
-`:exit` hook, node/peer/rounds.py `faults_from_env`); it is restarted from its checkpoint directory, which holds the
+`:exit` hook, node/peer/faults.py `faults_from_env`); it is restarted from its checkpoint directory, which holds the
 round before. Two ways it splits:
 - `exit` (same identity): the member whose id sorts first gets the result and goes on alone; the other and the
   restarted reducer hold the round before, and no majority vouches for the lone state. It used to stall the module

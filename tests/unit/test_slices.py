@@ -244,3 +244,13 @@ def test_the_simulator_runs_the_round_in_slices_and_learns_as_with_one_reducer()
     assert sliced.history["shared"] != one.history["shared"]
     # the same bytes, give or take the slices' frame headers: slicing moves the load, it does not add to it
     assert abs(sliced.bytes_up_total - one.bytes_up_total) <= 0.02 * one.bytes_up_total
+
+
+def test_the_list_a_slice_result_names_is_its_members_sorted_without_clients():
+    from pathswarm.protocol.rounds.reducers import next_candidates
+
+    used = ("c", "a", "me", "b")
+    assert next_candidates("me", used, clients=()) == ("me", "a", "b", "c")  # one reducer: itself first (rule 1)
+    assert next_candidates("me", used, clients=("b",), sliced=True) == ("a", "c", "me")  # every slice: the same list
+    assert next_candidates("me", ("me",), clients=("me",), sliced=True) == ("me",)  # clients only: still someone
+    assert next_candidates("me", ("me",), clients=(), partners=("a", "me")) == ("a", "me")  # alone: the partners
