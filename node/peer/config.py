@@ -172,6 +172,9 @@ class NodeStatus:
     """Mean training loss of the last inner steps of every round."""
     loss_history: list[tuple[int, float]] = field(default_factory=list)
     """(outer round, that loss): published with the node's metrics for `swarm status --plot`."""
+    round_wire_s: dict[str, list[float]] = field(default_factory=dict)
+    """module → for its last applied rounds: seconds from sending our outer gradient to the last reply (the round on
+    the wire, which the training loop overlaps with the next inner steps)."""
     groups: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     """module → outer round → the peers whose outer gradients were merged in that round."""
     history: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -295,11 +298,15 @@ class NodeStatus:
             self.tokens_discarded += discarded_tokens
 
     def round_applied(self, mid: str, state_round: int, digest: str, contributors: list[str], late: bool,
-                      diverged: bool) -> None:
+                      diverged: bool, wire_s: float | None = None) -> None:
         """A round's result was applied to `mid`, making state round `state_round` (diverged: our digest is not the
         group's, so the re-sync replaces it and the history does not record it)."""
         if late:
             self.rounds_missed.setdefault(mid, [0, 0])[0] += 1
+        if wire_s is not None:
+            kept = self.round_wire_s.setdefault(mid, [])
+            kept.append(round(wire_s, 3))
+            del kept[:-WIRE_TIMES_KEPT]
         if diverged:
             self.digest_mismatches += 1
         if mid == "shared":
@@ -376,6 +383,8 @@ class NodeStatus:
         self.heals = [*self.heals, [mid, first_round, rounds]][-SPLITS_KEPT:]
 
 
+WIRE_TIMES_KEPT = 50
+"""Round times on the wire kept per module in the status (NodeStatus.round_wire_s)."""
 CHAIN_KEPT = 5
 """States of a module kept in `NodeStatus.chains`: the current one and the ones an announcement names before it
 (protocol/records.py MAX_CHAIN)."""

@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -72,6 +72,15 @@ class UnitFlight:
     bound: float | None = None
     mean: torch.Tensor | None = None
     discard: bool = False
+    sent_at: float = field(default_factory=time.monotonic)
+    replied_at: float | None = None
+    """When its reply came in (set from the network thread): the round's time on the wire, for the status."""
+
+    def watch(self) -> UnitFlight:
+        def done(_: Future) -> None:
+            self.replied_at = time.monotonic()
+        self.future.add_done_callback(done)
+        return self
 
 
 @dataclass
@@ -145,7 +154,7 @@ class Rounds:
                                    self.exchange.skipped())
                 fut = self.net.submit(self.exchange.contribute(order, unit.id, sent.round, sent.tokens,
                                                                sent.digest_before, sent.frame, timeout))
-                flights.append(UnitFlight(unit, fut, sent, order[0], tuple(order)))
+                flights.append(UnitFlight(unit, fut, sent, order[0], tuple(order)).watch())
             self.in_flight[mid] = InFlight(parts[0] if len(parts) == 1 else whole_of(st, parts), flights)
         self.worker.end_round()
 
@@ -279,7 +288,7 @@ class Rounds:
                                     flight.result.reason if not flight.result.applicable else part.reason)
             self.status.anchor_seen(mid, float(st.anchor.abs().max()))
             self.status.round_applied(mid, st.round, done.digest_after, first.contributors, late=late,
-                                      diverged=done.diverged)
+                                      diverged=done.diverged, wire_s=_wire_s(item))
             self.publish_local(mid)
             return
         self.status.round_failed(mid)
@@ -399,3 +408,12 @@ def applied_parts(applied: list[tuple[UnitFlight, Settlement]]) -> tuple[Applied
         out.append(AppliedPart(flight.unit.lo, flight.unit.hi, flight.result.reducer or flight.reducer,
                                flight.result.mean_frame))
     return tuple(out)
+
+
+def _wire_s(item: InFlight) -> float | None:
+    """Seconds from sending a module's round to its last unit's first reply (a unit sent again after a lie counts
+    from its first send), or None when a reply's time is unknown."""
+    times = [f.replied_at for f in item.units]
+    if any(t is None for t in times):
+        return None
+    return max(t for t in times if t is not None) - min(f.sent_at for f in item.units)
