@@ -82,11 +82,13 @@ PROFILES = {
     "lan": Profile("lan", up_bps=10e9, down_bps=10e9, rtt_s=0.0002),
 }
 
-# A real setting the scaled profiles stand for: a 1 B-parameter path trained in bf16 on one RTX 4090
-# (165 TFLOP/s dense; at 40 % utilisation a step of 32 × 1,024 tokens costs 6 · 10⁹ · 32,768 FLOP ≈ 3 s).
+# A real setting the scaled profiles stand for: a 1 B-parameter path trained in bf16 on one RTX 4090 (165 TFLOP/s
+# dense; at 40 % utilisation, 66) with DiLoCo's inner batch (512 sequences of 1,024 tokens, arXiv 2311.08105), each
+# step 6 · 10⁹ · 524,288 FLOP ≈ 48 s. Its int8 frame (1 GB) takes 400 s at 20 Mbit/s: 8 steps; an fp32 ring
+# all-reduce of its gradients (2 · 7/8 · 4 GB) 2,800 s: 58 steps.
 REAL_PATH_PARAMS = 1e9
-REAL_STEP_S = 3.0
-REAL_SETTING = "a 1 B-parameter path on one RTX 4090 (≈ 3 s per step of 32 × 1,024 tokens)"
+REAL_STEP_S = 48.0
+REAL_SETTING = "a 1 B-parameter path on one RTX 4090, 48 s per step of 512 × 1,024 tokens"
 
 
 class LinksUnavailable(RuntimeError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -162,6 +163,8 @@ class NodeStatus:
     """Rounds sent again to the next reducer after a check before applying proved theirs a liar."""
     rounds_missed: dict[str, list[int]] = field(default_factory=dict)
     """module → [rounds whose result we got late (our contribution carried on), rounds that failed for us]."""
+    training_since: float = 0.0
+    """When the training loop started (Unix time; 0: not yet): benchmarks put a run's clock at zero there."""
     train_wall_s: float = 0.0
     """Wall time of the whole training loop (inner steps, waiting and applying included)."""
     digests: dict[str, str] = field(default_factory=dict)
@@ -235,6 +238,7 @@ class NodeStatus:
 
     def training_started(self, val_loss_before: float) -> None:
         self.val_loss_before = val_loss_before
+        self.training_since = round(time.time(), 3)
         self.state = "training"
 
     def training_stopped(self, train_wall_s: float, val_loss_after: float) -> None:
