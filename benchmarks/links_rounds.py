@@ -1,0 +1,116 @@
+"""Rounds measured on shaped links, against the scale model (issue 29: the model within 20 % at 8 and 16 nodes).
+
+Real `pathswarm node run` processes, each in its own namespace of the link harness (tests/links.py), every node on
+one path of a 1x1 spec (every node holds both modules), rounds in slices (`[averaging] slices` = the nodes). Every
+node's link is the same: --up-mbps / --down-mbps, --rtt-ms, --loss (default: the `home` profile's rates × 0.05,
+its 40 ms and 0.1 % loss, so that a round's bytes, not our CPU, decide its time). The measured round is each node's
+`round_wire_s` (status: from sending a module's outer gradient to its last reply); a round's time is the later of
+its two modules', and only the steady rounds count: from round 1 + NEW_REDUCER_AUDITS on, when every slice's
+reducer is past its checked rounds. The model (benchmarks/_round_events.py `validate_entries`) gets the same nodes,
+link, slices and the path's parameters as one module (both modules' rounds share the links at once), every holder
+merged (the quorum here is every claimant).
+
+    nice -n 10 .venv/bin/python benchmarks/links_rounds.py          # ≈ 6 min on 2 cores (root: namespaces)
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _round_events import NEW_REDUCER_AUDITS, validate_entries
+from _swarm_common import arguments, machine, write_json
+
+from pathswarm.node.app.local_swarm import LocalSwarm
+from pathswarm.node.app.replicas import replica_mismatches
+from pathswarm.node.app.swarm_init import init_spec
+from pathswarm.node.model.data import load_documents
+from pathswarm.node.model.model import count_module_params
+from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, ModelSpec, SwarmSpec
+from tests.links import PROFILES, Links, Profile, unavailable
+
+GOAL = 0.20
+
+
+def run(nodes: int, a, work: Path) -> dict:
+    base = SwarmSpec(name=f"links-rounds-{nodes}", levels=(1,),
+                     model=ModelSpec(width=a.width, base_width=64, n_heads=4, layers_per_module=a.layers,
+                                     context_len=64),
+                     inner=InnerOptSpec(steps=a.inner_steps, batch_size=8),
+                     averaging=AveragingSpec(grace_s=a.grace_s, timeout_s=120.0, claim_ttl_s=30.0, slices=nodes))
+    spec = init_spec(base, load_documents(base.data))
+    spec_path = work / f"swarm-{nodes}.toml"
+    spec_path.write_text(spec.to_toml())
+    link = Profile("shaped", up_bps=a.up_mbps * 1e6, down_bps=a.down_mbps * 1e6, rtt_s=a.rtt_ms / 1e3,
+                   loss=a.loss)
+    names = [f"n{i}" for i in range(nodes)]
+    t = time.monotonic()
+    with Links([PROFILES["lan"], *[link] * nodes]) as net, LocalSwarm(spec_path, work / f"run-{nodes}") as swarm:
+        swarm.netns.update({"bootstrap": net.ns(0), **{n: net.ns(i + 1) for i, n in enumerate(names)}})
+        swarm.start_bootstrap(args=["--swarm", str(spec_path), "--host-maddr", net.maddr(0)], timeout_s=120)
+        for i, name in enumerate(names):
+            swarm.start_node(name, path="0", max_rounds=a.rounds, seed=i,
+                             extra=["--wait-peers", str(nodes), "--host-maddr", net.maddr(i + 1)])
+        codes = swarm.wait_nodes(names, timeout_s=1200)
+        if any(codes.values()):
+            raise RuntimeError({n: swarm.tail(n, 10) for n, c in codes.items() if c})
+        st = {n: swarm.status(n) for n in names}
+    steady = 1 + NEW_REDUCER_AUDITS
+    per_round: list[float] = []
+    for s in st.values():
+        wires = list(s["round_wire_s"].values())
+        per_round += [max(ts) for ts in zip(*wires, strict=False)][steady:]
+    mismatches, compared = replica_mismatches(list(st.values()))
+    numel = sum(count_module_params(spec).values())
+    return {"nodes": nodes, "slices": nodes, "numel": numel,
+            "frame_bytes_per_value": a.frame_bytes_per_value, "frame_bytes": numel * a.frame_bytes_per_value,
+            "up_bps": link.up_bps, "down_bps": link.down_bps, "one_way_latency_s": link.rtt_s / 2,
+            "min_group": nodes, "grace_s": None,
+            "measured_round_s": statistics.median(per_round), "measured_rounds": per_round,
+            "replicas_identical": not mismatches, "compared": compared, "wall_s": time.monotonic() - t}
+
+
+def main() -> None:
+    ap = arguments(__doc__, "links_rounds")
+    ap.add_argument("--nodes", default="8,16")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--inner-steps", type=int, default=20)
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--grace-s", type=float, default=30.0)
+    ap.add_argument("--up-mbps", type=float, default=PROFILES["home"].up_bps * 0.05 / 1e6)
+    ap.add_argument("--down-mbps", type=float, default=PROFILES["home"].down_bps * 0.05 / 1e6)
+    ap.add_argument("--rtt-ms", type=float, default=PROFILES["home"].rtt_s * 1e3)
+    ap.add_argument("--loss", type=float, default=PROFILES["home"].loss)
+    ap.add_argument("--frame-bytes-per-value", type=float, default=0.796,
+                    help="int8 + zstd bytes per value of a frame (the scale model's, from results/wire.json)")
+    ap.add_argument("--workdir", default="", help="keep the processes' logs and statuses here")
+    a = ap.parse_args()
+    why = unavailable()
+    if why:
+        sys.exit(f"links_rounds needs the link harness: {why}")
+    entries = []
+    with tempfile.TemporaryDirectory(prefix="links-rounds-") as tmp:
+        for n in (int(x) for x in a.nodes.split(",")):
+            Path(a.workdir or tmp).mkdir(parents=True, exist_ok=True)
+            entry = run(n, a, Path(a.workdir or tmp))
+            print(f"{n} nodes: steady round {entry['measured_round_s']:.2f} s "
+                  f"(replicas identical: {entry['replicas_identical']})", flush=True)
+            entries.append(entry)
+    checked = validate_entries([{k: v for k, v in e.items() if k != "measured_rounds"} for e in entries])
+    for e, c in zip(entries, checked, strict=True):
+        e |= {"model_round_s": c["model_round_s"], "relative_error": c["relative_error"],
+              "within_goal": abs(c["relative_error"]) <= GOAL}
+        print(f"{e['nodes']} nodes: measured {e['measured_round_s']:.2f} s, model {e['model_round_s']:.2f} s "
+              f"({100 * e['relative_error']:+.0f} %)")
+    write_json(a.json, {"claim": "the scale model's round time within 20 % of rounds measured on shaped links",
+                        "machine": machine(), "config": {k: v for k, v in vars(a).items() if k != "json"},
+                        "goal_relative_error": GOAL, "runs": entries,
+                        "met": all(e["within_goal"] for e in entries)})
+
+
+if __name__ == "__main__":
+    main()
