@@ -61,8 +61,13 @@ def run(nodes: int, a, work: Path) -> dict:
     steady = 1 + NEW_REDUCER_AUDITS
     per_round: list[float] = []
     for s in st.values():
-        wires = list(s["round_wire_s"].values())
-        per_round += [max(ts) for ts in zip(*wires, strict=False)][steady:]
+        by_round: dict[int, list[float]] = {}
+        for pairs in s["round_wire_s"].values():
+            for r, t in pairs:
+                by_round.setdefault(int(r), []).append(t)
+        # a round's time is the later of its modules' (both on the wire at once); only rounds both modules applied
+        per_round += [max(ts) for r, ts in sorted(by_round.items())
+                      if r >= steady and len(ts) == len(s["module_rounds"])]
     mismatches, compared = replica_mismatches(list(st.values()))
     numel = sum(count_module_params(spec).values())
     return {"nodes": nodes, "slices": nodes, "numel": numel,

@@ -63,7 +63,7 @@ ARMS = {"home": ["pathswarm int8", "pathswarm sparse", "hivemind", "hivemind loc
 BASELINE_KIND = {"hivemind": "hivemind", "hivemind local": "hivemind-local", "ddp": "ddp", "ddp accum": "ddp-accum"}
 GOALS_HOME = {"hivemind": 5.0, "hivemind local": 2.0, "ddp": 10.0, "ddp accum": 3.0}
 GOAL_LAN = 1.2
-EVAL_BATCHES = 16
+EVAL_BATCHES = 64
 
 
 # ---- the model, its data and its clock ---------------------------------------------------------------------------
@@ -166,9 +166,10 @@ def run_pathswarm(spec: SwarmSpec, spec_path: Path, profile: Profile, a, work: P
         statuses = {n: swarm.status(n) or {} for n in names}
         snaps.stop.set()
         snaps.join(10)
-    t0 = t0 or end
+    # every node's own start, as its final status says (a status read mid-run may have missed an earlier one)
+    t0 = min((s["training_since"] for s in statuses.values() if s.get("training_since")), default=t0 or end)
     points = [{"t": s["at"] - t0, "dir": s["dir"]} for s in snaps.taken]
-    wire = [t for s in statuses.values() for ts in s.get("round_wire_s", {}).values() for t in ts]
+    wire = [t for s in statuses.values() for ts in s.get("round_wire_s", {}).values() for _, t in ts]
     return {"stop": stop_reason, "wall_s": end - t0, "snapshots": points, "traffic": _traffic(before, after, 1),
             "rounds": min((s.get("round", 0) for s in statuses.values()), default=0),
             "tokens_per_node": statistics.median(s.get("tokens_trained", 0) for s in statuses.values()),
@@ -350,13 +351,15 @@ def main() -> None:
                 t = time.monotonic()
                 print(f"{link}: {arm} …", flush=True)
                 arm_dir = work / link / arm.replace(" ", "-")
+                s, p = (sparse_spec, sparse_path) if arm == "pathswarm sparse" else (spec, spec_path)
                 if arm.startswith("pathswarm"):
-                    s, p = (sparse_spec, sparse_path) if arm == "pathswarm sparse" else (spec, spec_path)
                     res = run_pathswarm(s, p, profile, a, arm_dir)
                 else:
                     res = run_baseline(arm, spec_path, profile, a, arm_dir)
-                res["curve"] = evaluate(spec, res.pop("snapshots"), batches)
+                res["curve"] = evaluate(s, res.pop("snapshots"), batches)  # the same weights: only the id differs
                 arms[arm] = res
+                result["links"][link] = {"profile": profile.as_dict(), "arms": arms, "verdict": verdict(arms, link)}
+                write_json(a.json, result)  # after every arm: a failure later keeps what ran
                 final = res["curve"][-1]
                 print(f"  {res['stop']}: loss {final['val_loss']:.4f} at {final['t']:.0f} s, sent "
                       f"{res['traffic']['sent_median'] / 1e6:.1f} MB a node ({time.monotonic() - t:.0f} s)",

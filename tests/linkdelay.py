@@ -31,9 +31,10 @@ CMD_BIND = 1
 COPY_PACKET = 2
 ATTR_PACKET_HDR, ATTR_VERDICT_HDR, ATTR_PAYLOAD = 1, 2, 10
 NF_DROP, NF_ACCEPT = 0, 1
-NLM_F_REQUEST = 1
+NLM_F_REQUEST, NLM_F_ACK = 1, 4
 NLMSG_ERROR = 2
 SOL_NETLINK, NETLINK_NO_ENOBUFS = 270, 5
+SO_RCVBUFFORCE = 33
 
 
 def _attr(kind: int, payload: bytes) -> bytes:
@@ -41,9 +42,9 @@ def _attr(kind: int, payload: bytes) -> bytes:
     return raw + b"\0" * (-len(raw) % 4)
 
 
-def _message(msg: int, queue: int, attrs: bytes) -> bytes:
+def _message(msg: int, queue: int, attrs: bytes, flags: int = NLM_F_REQUEST) -> bytes:
     body = struct.pack("=BBH", socket.AF_UNSPEC, 0, socket.htons(queue)) + attrs
-    return struct.pack("=IHHII", 16 + len(body), (NFNL_SUBSYS_QUEUE << 8) | msg, NLM_F_REQUEST, 0, 0) + body
+    return struct.pack("=IHHII", 16 + len(body), (NFNL_SUBSYS_QUEUE << 8) | msg, flags, 0, 0) + body
 
 
 def _attrs(data: bytes) -> dict[int, bytes]:
@@ -61,7 +62,8 @@ class Delayer:
     def __init__(self, queue: int, ends: dict[str, tuple[float, float, float]], seed: int = 0):
         self.queue, self.ends, self.rng = queue, ends, random.Random(seed)
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        # forced past rmem_max: a queue the kernel cannot hand us is dropped packets the profile did not ask for
+        self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 8 << 20)
         self.sock.setsockopt(SOL_NETLINK, NETLINK_NO_ENOBUFS, 1)
         self.sock.bind((0, 0))
         self.held: list[tuple[float, int, int]] = []  # (release time, sequence, packet id)
@@ -69,10 +71,16 @@ class Delayer:
         self._seq = 0
 
     def bind(self) -> None:
+        """Bind the queue; each step acknowledged, so that "ready" means bound (an error raises OSError)."""
         cmd = _attr(CFG_CMD, struct.pack("=BxH", CMD_BIND, socket.htons(socket.AF_INET)))
-        self.sock.send(_message(MSG_CONFIG, self.queue, cmd))
         params = _attr(CFG_PARAMS, struct.pack(">IB", 20, COPY_PACKET))
-        self.sock.send(_message(MSG_CONFIG, self.queue, params + _attr(CFG_QUEUE_MAXLEN, struct.pack(">I", 20000))))
+        for attrs in (cmd, params + _attr(CFG_QUEUE_MAXLEN, struct.pack(">I", 20000))):
+            self.sock.send(_message(MSG_CONFIG, self.queue, attrs, NLM_F_REQUEST | NLM_F_ACK))
+            ack = self.sock.recv(4096)
+            length, kind = struct.unpack_from("=IH", ack, 0)
+            if kind != NLMSG_ERROR or struct.unpack_from("=i", ack, 16)[0] != 0:
+                code = -struct.unpack_from("=i", ack, 16)[0] if kind == NLMSG_ERROR else 0
+                raise OSError(code, f"nfqueue did not accept the configuration (message type {kind})")
 
     def verdict(self, packet_id: int, verdict: int) -> None:
         self.sock.send(_message(MSG_VERDICT, self.queue, _attr(ATTR_VERDICT_HDR, struct.pack(">II", verdict,

@@ -10,7 +10,8 @@ each a `tbf` qdisc at the profile's rate, with a queue of about half a second at
 buffer). Delay, jitter and loss: this machine's kernel has no `netem`, so the hub hands every packet it forwards
 to tests/linkdelay.py (NFQUEUE), which releases it after a quarter of each end's round trip (so two nodes of one
 profile see that round trip), with jitter that never reorders a stream, or drops it with each end's loss. A
-profile without delay, jitter or loss (`lan`) skips the queue.
+profile with a round trip under a millisecond and no jitter or loss (`lan`) skips the queue: its delay is not
+applied.
 
 Every address lives in namespaces the harness created; a node routes only 10.78.0.0/16, to the hub, and the hub
 has no interface but the nodes', so nothing outside can be contacted. Needs root, `ip`, `tc` and `iptables`
@@ -26,22 +27,27 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 NET = "10.78"
+NO_DELAY_BELOW_S = 0.001
+"""A round trip shorter than this, without jitter or loss, is not applied (see `_delayed`)."""
 
 
 @dataclass(frozen=True)
 class Profile:
     """One direction each way: `up_bps` leaves the node, `down_bps` reaches it; `rtt_s` between two nodes of this
-    profile (each of the four qdiscs on a node-to-node round trip adds a quarter), ± `jitter_s` on it, `loss` the
-    fraction of packets dropped in each direction."""
+    profile (each end adds a quarter of it in each direction), with a standard deviation of about 0.7 × `jitter_s`
+    (each end's quarter varies by a quarter of it); `loss` the fraction of packets dropped at each end, so a packet
+    between two nodes of the profile is lost with about twice that."""
     name: str
     up_bps: float
     down_bps: float
@@ -118,7 +124,10 @@ def _tbf(rate_bps: float) -> list[str]:
 
 
 def _delayed(profile: Profile) -> bool:
-    return profile.rtt_s > 0 or profile.jitter_s > 0 or profile.loss > 0
+    """Whether the profile's packets go through the user-space delayer. A round trip under a millisecond without
+    jitter or loss (`lan`) does not: the delayer's own cost per packet would be more than the delay, and it would
+    set the link's rate instead of tbf."""
+    return profile.rtt_s >= NO_DELAY_BELOW_S or profile.jitter_s > 0 or profile.loss > 0
 
 
 class Links:
@@ -151,6 +160,9 @@ class Links:
         except subprocess.CalledProcessError as e:
             self.__exit__()
             raise LinksUnavailable(f"could not build the namespaces: {' '.join(e.cmd)}: {e.stderr.strip()}") from e
+        except BaseException:  # a timeout, the delayer failing, Ctrl-C: leave nothing behind
+            self.__exit__()
+            raise
         return self
 
     def _build(self) -> None:
@@ -174,25 +186,34 @@ class Links:
             _run("ip", "netns", "exec", hub, "tc", "qdisc", "add", "dev", outer, "root", *_tbf(profile.down_bps))
         delayed = {self.ip(i): (p.rtt_s, p.jitter_s, p.loss) for i, p in enumerate(self.profiles) if _delayed(p)}
         if delayed:
+            self._delayer_log = tempfile.TemporaryFile()
             self._delayer = subprocess.Popen(
                 ["ip", "netns", "exec", hub, sys.executable, str(Path(__file__).with_name("linkdelay.py")), "0",
-                 json.dumps(delayed), "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            if self._delayer.stdout.readline().strip() != "ready":
-                raise LinksUnavailable(f"the delay process did not start: {self._delayer.stderr.read()[-500:]}")
+                 json.dumps(delayed), "0"], stdout=subprocess.PIPE, stderr=self._delayer_log, text=True)
+            assert self._delayer.stdout is not None
+            if not select.select([self._delayer.stdout], [], [], 30)[0] or \
+                    self._delayer.stdout.readline().strip() != "ready":
+                self._delayer_log.seek(0)
+                raise LinksUnavailable(f"the delay process did not start: {self._delayer_log.read()[-500:]!r}")
             _run("ip", "netns", "exec", hub, "iptables", "-A", "FORWARD", "-j", "NFQUEUE", "--queue-num", "0",
                  "--queue-bypass")
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc_info) -> None:
         if not self._built:
             return
         self.kill_all()
+        died = None
         if self._delayer is not None:
+            died = self._delayer.poll()
             self._delayer.kill()
             self._delayer.wait(10)
             self._delayer = None
         for ns in [*self._names, self.hub]:  # deleting a namespace deletes its ends of the veths
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
         self._built = False
+        if died is not None and not exc_info[0]:
+            # with --queue-bypass the links ran on without delay or loss: what was measured is not the profile
+            raise LinksUnavailable(f"the delay process died during the run (exit {died})")
 
     # ---- using ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:

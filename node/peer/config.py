@@ -175,9 +175,9 @@ class NodeStatus:
     """Mean training loss of the last inner steps of every round."""
     loss_history: list[tuple[int, float]] = field(default_factory=list)
     """(outer round, that loss): published with the node's metrics for `swarm status --plot`."""
-    round_wire_s: dict[str, list[float]] = field(default_factory=dict)
-    """module → for its last applied rounds: seconds from sending our outer gradient to the last reply (the round on
-    the wire, which the training loop overlaps with the next inner steps)."""
+    round_wire_s: dict[str, list[list[float]]] = field(default_factory=dict)
+    """module → [round, seconds] for its last applied rounds: seconds from sending our outer gradient to the last
+    reply (the round on the wire, which the training loop overlaps with the next inner steps)."""
     groups: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     """module → outer round → the peers whose outer gradients were merged in that round."""
     history: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -309,7 +309,7 @@ class NodeStatus:
             self.rounds_missed.setdefault(mid, [0, 0])[0] += 1
         if wire_s is not None:
             kept = self.round_wire_s.setdefault(mid, [])
-            kept.append(round(wire_s, 3))
+            kept.append([state_round - 1, round(wire_s, 3)])
             del kept[:-WIRE_TIMES_KEPT]
         if diverged:
             self.digest_mismatches += 1

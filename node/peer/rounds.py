@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -74,13 +74,15 @@ class UnitFlight:
     discard: bool = False
     sent_at: float = field(default_factory=time.monotonic)
     replied_at: float | None = None
-    """When its reply came in (set from the network thread): the round's time on the wire, for the status."""
+    """When its reply came in: the round's time on the wire, for the status."""
 
-    def watch(self) -> UnitFlight:
-        def done(_: Future) -> None:
+    async def timed(self, contribute: Awaitable[RoundReply]) -> RoundReply:
+        """`contribute`, noting when it ended. Stamped in the network thread before the future completes (a done
+        callback runs after `done()` is already true, so the training thread could settle the round first)."""
+        try:
+            return await contribute
+        finally:
             self.replied_at = time.monotonic()
-        self.future.add_done_callback(done)
-        return self
 
 
 @dataclass
@@ -152,9 +154,10 @@ class Rounds:
                 agreed = view(st, unit).reducers
                 order = candidates(agreed or groups.genesis[mid], groups.reducible.get(mid, groups.holders[mid]),
                                    self.exchange.skipped())
-                fut = self.net.submit(self.exchange.contribute(order, unit.id, sent.round, sent.tokens,
-                                                               sent.digest_before, sent.frame, timeout))
-                flights.append(UnitFlight(unit, fut, sent, order[0], tuple(order)).watch())
+                flight = UnitFlight(unit, Future(), sent, order[0], tuple(order))
+                flight.future = self.net.submit(flight.timed(self.exchange.contribute(
+                    order, unit.id, sent.round, sent.tokens, sent.digest_before, sent.frame, timeout)))
+                flights.append(flight)
             self.in_flight[mid] = InFlight(parts[0] if len(parts) == 1 else whole_of(st, parts), flights)
         self.worker.end_round()
 
@@ -356,9 +359,9 @@ class Rounds:
             return False
         timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
         sent = flight.sent
-        flight.future = self.net.submit(self.exchange.contribute(order, uid, sent.round, sent.tokens,
-                                                                 sent.digest_before, sent.frame, timeout,
-                                                                 after_lie=True))
+        flight.replied_at = None  # its time on the wire runs on to the resent unit's reply
+        flight.future = self.net.submit(flight.timed(self.exchange.contribute(
+            order, uid, sent.round, sent.tokens, sent.digest_before, sent.frame, timeout, after_lie=True)))
         flight.reducer, flight.order, flight.retried = order[0], tuple(order), True
         self.status.round_retried()
         logger.warning("%s round %d: not applied (%s's mean is a lie); sent again to the next candidate",
