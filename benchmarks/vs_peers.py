@@ -16,7 +16,8 @@ The baselines' processes are benchmarks/_baselines.py; each arm's settings are i
 
 Links. A real home link would make our small model's communication nearly free: the profiles are scaled
 (`Profile.scaled_for`) so that this model, at the step time measured here with 8 nodes sharing the machine's
-cores, spends the share of its time on the link that the real setting of tests/links.py does (REAL_SETTING).
+cores, spends the share of its time on the link that the real setting of tests/links.py does (REAL_SETTING); rates
+only (`scaled`: the scaled delay is a tenth of a millisecond, and loss costs TCP time that does not scale).
 Clock: t = 0 when the arm's training starts (pathswarm: the first node's training loop; baselines: after their
 process group or DHT formed); start-up is not counted. The held-out loss is measured afterwards on snapshots
 (pathswarm: node 0's checkpoint of every round, the swarm's anchor; baselines: rank 0's weights every few
@@ -100,7 +101,13 @@ def step_time(spec_path: Path, spec: SwarmSpec, nodes: int, work: Path, steps: i
 
 
 def scaled(profile: Profile, params: int, step_s: float) -> Profile:
-    return profile.scaled_for(params, step_s, REAL_PATH_PARAMS, REAL_STEP_S, f"{profile.name}: {REAL_SETTING}")
+    """The profile on our clock, rates only. Its delay scales to a tenth of a millisecond (`home`), below what the
+    harness applies; its loss is left out, because what a loss costs is TCP's recovery (a 200 ms minimum
+    retransmission timeout), which does not scale with the clock: at our step times it would cost ~240 times more
+    than on the real link. Without delay or loss the user-space delayer (tests/linkdelay.py) is not in the path,
+    so it takes no CPU from the nodes."""
+    real = profile.scaled_for(params, step_s, REAL_PATH_PARAMS, REAL_STEP_S, f"{profile.name}: {REAL_SETTING}")
+    return dataclasses.replace(real, rtt_s=0.0, jitter_s=0.0, loss=0.0)
 
 
 # ---- arms --------------------------------------------------------------------------------------------------------
@@ -248,12 +255,16 @@ def evaluate(spec: SwarmSpec, points: list[dict], batches: list) -> list[dict]:
     return sorted(curve, key=lambda c: c["t"])
 
 
-def time_to(curve: list[dict], loss: float) -> float | None:
-    """When the curve first reaches `loss` (linear between measured points), or None if it never does."""
+def time_to(curve: list[dict], loss: float, stepwise: bool = False) -> float | None:
+    """When the curve first reaches `loss`, or None if it never does. Baselines' weights move at every step: linear
+    between snapshots. pathswarm's curve is its anchor, which moves only when a round is applied (`stepwise`): the
+    time of the first round at or below `loss`, not a line from the round before."""
     for prev, cur in zip(curve, curve[1:], strict=False):
         if cur["val_loss"] <= loss:
             if prev["val_loss"] <= loss:
                 return prev["t"]
+            if stepwise:
+                return cur["t"]
             f = (prev["val_loss"] - loss) / (prev["val_loss"] - cur["val_loss"])
             return prev["t"] + f * (cur["t"] - prev["t"])
     return None
@@ -266,7 +277,8 @@ def verdict(arms: dict[str, dict], link: str) -> dict:
         if name.startswith("pathswarm") or not arm.get("curve"):
             continue
         target = arm["curve"][-1]["val_loss"]
-        theirs, mine = time_to(arm["curve"], target), time_to(ours["curve"], target) if ours else None
+        theirs = time_to(arm["curve"], target)
+        mine = time_to(ours["curve"], target, stepwise=True) if ours else None
         entry = {"their_final_loss": target, "their_time_s": theirs, "pathswarm_time_s": mine,
                  "sooner": (theirs / mine) if theirs and mine else None}
         if link == "home" and name in GOALS_HOME:
@@ -288,9 +300,10 @@ def plot(result: dict, path: str) -> None:
         for name, arm in result["links"][link]["arms"].items():
             if not arm.get("curve"):
                 continue
-            style = "-" if name.startswith("pathswarm") else "--"
-            ax.plot([c["t"] for c in arm["curve"]], [c["val_loss"] for c in arm["curve"]], style, lw=1.5,
-                    marker=".", ms=3, label=f"{name} ({arm['stop']})")
+            ours = name.startswith("pathswarm")  # its anchor moves at rounds: drawn as steps
+            ax.plot([c["t"] for c in arm["curve"]], [c["val_loss"] for c in arm["curve"]], "-" if ours else "--",
+                    lw=1.5, marker=".", ms=3, label=f"{name} ({arm['stop']})",
+                    drawstyle="steps-post" if ours else "default")
         prof = result["links"][link]["profile"]
         ax.set_title(f"{link}, scaled: {prof['up_bps'] / 1e6:.2f} Mbit/s up, {prof['down_bps'] / 1e6:.2f} down, "
                      f"{prof['rtt_s'] * 1e3:.2f} ms", fontsize=9)
@@ -324,8 +337,12 @@ def main() -> None:
     ap.add_argument("--workdir", default="", help="keep every process's log and snapshot here (default: a "
                     "temporary folder, removed at the end)")
     a = ap.parse_args()
-    if a.replot:
-        plot(read_json(a.json), a.plot)
+    if a.replot:  # the verdicts too: they follow from the curves
+        result = read_json(a.json)
+        for link, got in result["links"].items():
+            got["verdict"] = verdict(got["arms"], link)
+        write_json(a.json, result)
+        plot(result, a.plot)
         return
     why = unavailable()
     if why:
