@@ -2,15 +2,17 @@
 
 Real `pathswarm node run` processes, each in its own namespace of the link harness (tests/links.py), every node on
 one path of a 1x1 spec (every node holds both modules), rounds in slices (`[averaging] slices` = the nodes). Every
-node's link is the same: --up-mbps / --down-mbps, --rtt-ms, --loss (default: the `home` profile's rates × 0.05,
-its 40 ms and 0.1 % loss, so that a round's bytes, not our CPU, decide its time). The measured round is each node's
-`round_wire_s` (status: from sending a module's outer gradient to its last reply); a round's time is the later of
-its two modules', and only the steady rounds count: from round 1 + NEW_REDUCER_AUDITS on, when every slice's
-reducer is past its checked rounds. The model (benchmarks/_round_events.py `validate_entries`) gets the same nodes,
-link, slices and the path's parameters as one module (both modules' rounds share the links at once), every holder
-merged (the quorum here is every claimant).
+node's link is the same: --up-mbps / --down-mbps, --rtt-ms, --loss (default: the `home` profile's rates × 0.2, no
+delay or loss, as benchmarks/vs_peers.py scales it; a delay or a loss puts tests/linkdelay.py in the path, whose
+CPU the nodes then miss). The measured round is each node's `round_wire_s` (status: from sending a module's outer
+gradient to its last reply), the later of its two modules'; only the steady rounds count (from round
+1 + NEW_REDUCER_AUDITS on, every slice's reducer past its checked rounds), and of each round the shortest wait, the
+last sender's: nodes finish their inner steps seconds apart here (8-16 processes on 2 cores), and the first to send
+waits for the last one's compute, while the model starts every send at once. The model
+(benchmarks/_round_events.py `validate_entries`) gets the same nodes, link, slices and the path's parameters as one
+module (both modules' rounds share the links at once), every holder merged (the quorum is every claimant).
 
-    nice -n 10 .venv/bin/python benchmarks/links_rounds.py          # ≈ 6 min on 2 cores (root: namespaces)
+    nice -n 10 .venv/bin/python benchmarks/links_rounds.py          # ≈ 10 min on 2 cores (root: namespaces)
 """
 
 from __future__ import annotations
@@ -59,15 +61,19 @@ def run(nodes: int, a, work: Path) -> dict:
             raise RuntimeError({n: swarm.tail(n, 10) for n, c in codes.items() if c})
         st = {n: swarm.status(n) for n in names}
     steady = 1 + NEW_REDUCER_AUDITS
-    per_round: list[float] = []
+    waits: dict[int, list[float]] = {}  # round → each node's wait
     for s in st.values():
         by_round: dict[int, list[float]] = {}
         for pairs in s["round_wire_s"].values():
             for r, t in pairs:
                 by_round.setdefault(int(r), []).append(t)
-        # a round's time is the later of its modules' (both on the wire at once); only rounds both modules applied
-        per_round += [max(ts) for r, ts in sorted(by_round.items())
-                      if r >= steady and len(ts) == len(s["module_rounds"])]
+        # a node's wait is the later of its modules' (both on the wire at once); only rounds both modules applied
+        for r, ts in by_round.items():
+            if r >= steady and len(ts) == len(s["module_rounds"]):
+                waits.setdefault(r, []).append(max(ts))
+    # The model starts every node's send at once; here nodes finish their inner steps seconds apart (8-16 processes
+    # on 2 cores), and the first to send waits for the last. The last sender's wait is the round on the wire.
+    per_round = [min(w) for _, w in sorted(waits.items())]
     mismatches, compared = replica_mismatches(list(st.values()))
     numel = sum(count_module_params(spec).values())
     return {"nodes": nodes, "slices": nodes, "numel": numel,
@@ -86,10 +92,10 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--grace-s", type=float, default=30.0)
-    ap.add_argument("--up-mbps", type=float, default=PROFILES["home"].up_bps * 0.05 / 1e6)
-    ap.add_argument("--down-mbps", type=float, default=PROFILES["home"].down_bps * 0.05 / 1e6)
-    ap.add_argument("--rtt-ms", type=float, default=PROFILES["home"].rtt_s * 1e3)
-    ap.add_argument("--loss", type=float, default=PROFILES["home"].loss)
+    ap.add_argument("--up-mbps", type=float, default=PROFILES["home"].up_bps * 0.2 / 1e6)
+    ap.add_argument("--down-mbps", type=float, default=PROFILES["home"].down_bps * 0.2 / 1e6)
+    ap.add_argument("--rtt-ms", type=float, default=0.0)
+    ap.add_argument("--loss", type=float, default=0.0)
     ap.add_argument("--frame-bytes-per-value", type=float, default=0.796,
                     help="int8 + zstd bytes per value of a frame (the scale model's, from results/wire.json)")
     ap.add_argument("--workdir", default="", help="keep the processes' logs and statuses here")
