@@ -26,10 +26,10 @@ STATUS_FILE_FIELDS = [
     "tokens_unmerged", "tokens_reduced", "digest_mismatches", "splits_healed", "tokens_reduced_discarded",
     "tokens_resumed", "tokens_discarded", "tokens_lost", "counters_id", "last_group", "reachable", "client",
     "optimizer", "micro_batch", "checkpointing", "bytes_sent", "bytes_received", "val_loss_before", "val_loss_after",
-    "rounds_failed", "rounds_retried", "rounds_missed", "train_wall_s", "digests", "module_rounds", "reducers",
-    "loss_curve", "loss_history", "groups", "history", "checkpoint_round", "claims_read_late", "wait_max_s",
-    "round_work_s", "audits", "distrusted", "state", "rounds_undone", "anchor_max_abs", "chains", "split_discarded",
-    "heals"]
+    "rounds_failed", "rounds_retried", "rounds_missed", "training_since", "train_wall_s", "digests", "module_rounds",
+    "reducers", "loss_curve", "loss_history", "round_wire_s", "groups", "history", "checkpoint_round",
+    "claims_read_late", "wait_max_s", "round_work_s", "audits", "distrusted", "state", "rounds_undone",
+    "anchor_max_abs", "chains", "split_discarded", "heals"]
 
 
 class _Scope:
