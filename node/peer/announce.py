@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 
 from pathswarm.node.peer.background import Chores
-from pathswarm.node.peer.config import NodeStatus
+from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import announce_module, publish_metrics, publish_revocations, read_revocations
 from pathswarm.protocol.records import (

@@ -26,7 +26,8 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from pathswarm.node.peer.config import NodeConfig, NodeStatus
+from pathswarm.node.peer.config import NodeConfig
+from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.rounds.audit import FRAMES_KEPT, Alert
 from pathswarm.protocol.rounds.exchange import ModuleExchange

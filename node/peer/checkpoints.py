@@ -8,8 +8,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pathswarm.node.peer.config import NodeConfig, NodeStatus
+from pathswarm.node.peer.config import NodeConfig
 from pathswarm.node.peer.counters import Counts
+from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.train.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from pathswarm.node.train.worker import PathWorker
 

@@ -38,9 +38,10 @@ from pathswarm.node.model.router import documents_of_path
 from pathswarm.node.peer.announce import Announcer
 from pathswarm.node.peer.background import Chores
 from pathswarm.node.peer.checkpoints import Checkpoints
-from pathswarm.node.peer.config import CLAIMS_READ_S, NodeConfig, NodeStatus
+from pathswarm.node.peer.config import CLAIMS_READ_S, NodeConfig
 from pathswarm.node.peer.counters import Counts, restart_counts
 from pathswarm.node.peer.faults import faults_from_env
+from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.peer.reachable import start_node_dht
 from pathswarm.node.peer.resume import PartialRounds
 from pathswarm.node.peer.rounds import Rounds

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from pathswarm.node.peer.config import PARTIAL_COST_SHARE, NodeConfig, NodeStatus
+from pathswarm.node.peer.config import PARTIAL_COST_SHARE, NodeConfig
 from pathswarm.node.peer.counters import Counts
+from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.peer.partial_round import PartialError, discard_partial, load_partial, save_partial, saved_counters
 from pathswarm.node.train.worker import PathWorker
 

@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 import torch
 
 from pathswarm.node.peer.audit import Auditor
 from pathswarm.node.peer.claims import Groups
-from pathswarm.node.peer.config import NodeConfig, NodeStatus
+from pathswarm.node.peer.config import NodeConfig
+from pathswarm.node.peer.flights import InFlight, UnitFlight, applied_parts, whole_of, wire_s
+from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.peer.resyncs import Resyncs
 from pathswarm.node.train.round import (
-    Contribution,
-    Settlement,
     make_slice_contributions,
     restore_feedback,
     settle,
@@ -33,7 +31,7 @@ from pathswarm.node.train.round import (
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.rounds.exchange import ModuleExchange
-from pathswarm.protocol.rounds.heal import AppliedLog, AppliedPart, heal
+from pathswarm.protocol.rounds.heal import AppliedLog, heal
 from pathswarm.protocol.rounds.messages import RoundReply, RoundStatus
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducer_state import RANK_LOST
@@ -46,63 +44,12 @@ from pathswarm.protocol.rounds.rule import (
     reference_norm,
     suspicious,
 )
-from pathswarm.protocol.rounds.slices import Unit, slice_count, units_of, view
+from pathswarm.protocol.rounds.slices import slice_count, units_of, view
 
 logger = logging.getLogger(__name__)
 
 MERGED_LOG_ROUNDS = 64
 """Rounds of our merged tokens kept per module: a split is found within a round or two of happening."""
-
-
-@dataclass
-class UnitFlight:
-    """One unit of a module's round in flight: the whole module, or one of its slices (protocol/rounds/slices.py)."""
-
-    unit: Unit
-    future: Future
-    sent: Contribution
-    reducer: str
-    """The first candidate to reduce the unit's round: the peer to re-sync from if the group is elsewhere."""
-    order: tuple[str, ...] = ()
-    """Every candidate, in the agreed failover order (a slice's: rotated)."""
-    retried: bool = False
-    """Sent again after its reducer was proven a liar (`_retry_after_lie`): once per round."""
-    result: RoundReply | None = None
-    """The reply once it is in and checked (`_check_unit`): the round is settled when every unit has one."""
-    bound: float | None = None
-    mean: torch.Tensor | None = None
-    discard: bool = False
-    sent_at: float = field(default_factory=time.monotonic)
-    replied_at: float | None = None
-    """When its reply came in: the round's time on the wire, for the status."""
-
-    async def timed(self, contribute: Awaitable[RoundReply]) -> RoundReply:
-        """`contribute`, noting when it ended. Stamped in the network thread before the future completes (a done
-        callback runs after `done()` is already true, so the training thread could settle the round first)."""
-        try:
-            return await contribute
-        finally:
-            self.replied_at = time.monotonic()
-
-
-@dataclass
-class InFlight:
-    """One module's round sent and not settled yet: its units, one per slice (one when the round is not sliced)."""
-
-    sent: Contribution
-    """The module's: its weights at the send (`merged_base`) and tokens (the unit's own contribution when K = 1)."""
-    units: list[UnitFlight]
-    _reference: tuple[OuterState, float] | None = None
-
-    @property
-    def reducer(self) -> str:
-        return self.units[0].reducer
-
-    def module_reference(self, state: OuterState) -> float:
-        """The module's momentum norm (rule.py `reference_norm`) as of `state`, once for all its slices' checks."""
-        if self._reference is None or self._reference[0] is not state:
-            self._reference = (state, reference_norm(state))
-        return self._reference[1]
 
 
 class Rounds:
@@ -291,7 +238,7 @@ class Rounds:
                                     flight.result.reason if not flight.result.applicable else part.reason)
             self.status.anchor_seen(mid, float(st.anchor.abs().max()))
             self.status.round_applied(mid, st.round, done.digest_after, first.contributors, late=late,
-                                      diverged=done.diverged, wire_s=_wire_s(item))
+                                      diverged=done.diverged, wire_s=wire_s(item))
             self.publish_local(mid)
             return
         self.status.round_failed(mid)
@@ -392,31 +339,3 @@ class Rounds:
     def unmerged_tokens(self) -> int:
         flight = self.in_flight.get("shared")
         return self.carry.get("shared", 0) + self.worker.round_tokens + (flight.sent.tokens if flight else 0)
-
-
-def whole_of(state: OuterState, parts: list[Contribution]) -> Contribution:
-    """A sliced round's contribution as the module's (no frame of its own): its weights at the send and what its
-    frames did not carry (`merged_base`: what a saved round in progress counts our unsent steps from), its tokens."""
-    unsent = None if parts[0].unsent is None else torch.cat([p.unsent for p in parts if p.unsent is not None])
-    return Contribution(frame=b"", tokens=parts[0].tokens, round=state.round, digest_before=state.digest(),
-                        local_when_sent=torch.cat([p.local_when_sent for p in parts]), unsent=unsent,
-                        delta_norm=math.sqrt(sum(p.delta_norm ** 2 for p in parts)))
-
-
-def applied_parts(applied: list[tuple[UnitFlight, Settlement]]) -> tuple[AppliedPart, ...]:
-    """The slices of a round we applied, as the log that can undo them keeps them (protocol/rounds/heal.py)."""
-    out = []
-    for flight, _ in applied:
-        assert flight.result is not None
-        out.append(AppliedPart(flight.unit.lo, flight.unit.hi, flight.result.reducer or flight.reducer,
-                               flight.result.mean_frame))
-    return tuple(out)
-
-
-def _wire_s(item: InFlight) -> float | None:
-    """Seconds from sending a module's round to its last unit's first reply (a unit sent again after a lie counts
-    from its first send), or None when a reply's time is unknown."""
-    times = [f.replied_at for f in item.units]
-    if any(t is None for t in times):
-        return None
-    return max(t for t in times if t is not None) - min(f.sent_at for f in item.units)

@@ -16,7 +16,8 @@ import time
 from pathswarm.node.peer.background import Chores
 from pathswarm.node.peer.checkpoints import Checkpoints
 from pathswarm.node.peer.claims import Claims, Groups, partners_of
-from pathswarm.node.peer.config import CLAIMS_READ_S, ROUND1_SETTLE_S, NodeConfig, NodeStatus
+from pathswarm.node.peer.config import CLAIMS_READ_S, ROUND1_SETTLE_S, NodeConfig
+from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.protocol.rounds.exchange import ModuleExchange
 from pathswarm.protocol.spec import parse_path
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from pathswarm.node.peer.vouch import Announced, Vouched, majority_state
 
 if TYPE_CHECKING:
-    from pathswarm.node.peer.config import NodeStatus
+    from pathswarm.node.peer.node_status import NodeStatus
     from pathswarm.node.peer.rounds import Rounds
     from pathswarm.node.peer.state_sync import StateSync
     from pathswarm.node.train.worker import PathWorker

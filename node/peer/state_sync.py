@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from pathswarm.node.model.model import unflatten_like
-from pathswarm.node.peer.config import NodeStatus
+from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.peer.resyncs import Resyncs
 from pathswarm.node.peer.vouch import Announced, Vouched, counted_peers, majority_state, voted_out, vouched_state
 from pathswarm.node.train.checkpoint import Checkpoint, CheckpointError, ModuleState, load_checkpoint

@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 
 from pathswarm.jsonfile import write_json_atomic
-from pathswarm.node.peer.config import NodeStatus
+from pathswarm.node.peer.node_status import NodeStatus
 
 
 class RoundWork:

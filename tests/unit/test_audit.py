@@ -178,7 +178,8 @@ def test_the_audit_odds_count_contributors_we_know_as_holders_not_the_reducers_l
 
 def test_a_new_reducers_first_rounds_are_audited_for_certain_then_at_random():
     from pathswarm.node.peer.audit import NEW_REDUCER_AUDITS, Auditor
-    from pathswarm.node.peer.config import NodeConfig, NodeStatus
+    from pathswarm.node.peer.config import NodeConfig
+    from pathswarm.node.peer.node_status import NodeStatus
     from pathswarm.protocol.rounds.messages import RoundReply as RoundResult
 
     def auditor(rate: float) -> tuple[Auditor, list]:
@@ -215,7 +216,8 @@ def test_a_reducer_that_does_not_answer_a_random_audit_is_checked_before_applyin
     from concurrent.futures import Future
 
     from pathswarm.node.peer.audit import NEW_REDUCER_AUDITS, Auditor, _Check
-    from pathswarm.node.peer.config import NodeConfig, NodeStatus
+    from pathswarm.node.peer.config import NodeConfig
+    from pathswarm.node.peer.node_status import NodeStatus
     from pathswarm.protocol.rounds.messages import RoundReply as RoundResult
 
     class Exchange:  # what _check reads of the exchange; the downloads are tested end to end
@@ -300,7 +302,8 @@ def test_probation_counts_per_reducer_and_module():
     from concurrent.futures import Future
 
     from pathswarm.node.peer.audit import NEW_REDUCER_AUDITS, Auditor, _Check
-    from pathswarm.node.peer.config import NodeConfig, NodeStatus
+    from pathswarm.node.peer.config import NodeConfig
+    from pathswarm.node.peer.node_status import NodeStatus
 
     result, _, sent = closed_round()  # an honest round of 3 contributors; the auditor is none of them
 
@@ -334,7 +337,8 @@ def auditor_fetching(spec, me: str, outcome):
     from concurrent.futures import Future
 
     from pathswarm.node.peer.audit import Auditor
-    from pathswarm.node.peer.config import NodeConfig, NodeStatus
+    from pathswarm.node.peer.config import NodeConfig
+    from pathswarm.node.peer.node_status import NodeStatus
 
     asked: list = []
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 
-from pathswarm.node.peer.config import NodeStatus
 from pathswarm.node.peer.counters import Counts, continued, newest, read_status_counts, restart_counts
+from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.peer.status import write_status
 from pathswarm.node.train.checkpoint import load_checkpoint, save_checkpoint
 

@@ -5,7 +5,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pathswarm.node.app.dashboard.prom import metrics_text, registry_for
 from pathswarm.node.app.dashboard.view import MAX_POINTS, MAX_TEXT, DashboardState, node_view
-from pathswarm.node.peer.config import NodeStatus
+from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.protocol.records import ModuleAnnouncement, NodeMetrics, PathClaim
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.swarm_view import SwarmView, summarize

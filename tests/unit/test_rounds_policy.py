@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 from pathswarm.node.model.data import TokenSampler
 from pathswarm.node.peer.claims import Groups
-from pathswarm.node.peer.config import NodeConfig, NodeStatus
+from pathswarm.node.peer.config import NodeConfig
+from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.peer.rounds import Rounds
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.rounds.messages import RoundReply as RoundResult

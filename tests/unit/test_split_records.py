@@ -5,7 +5,7 @@ that counts a heal only once its download is in."""
 import pytest
 
 from pathswarm.node.peer.announce import StallWatch, announced_chain
-from pathswarm.node.peer.config import NodeStatus
+from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.peer.resyncs import Resyncs
 from pathswarm.protocol.records import (
     MAX_CHAIN,

@@ -1,4 +1,4 @@
-"""One owner for the node's status record (node/peer/config.py `NodeStatus`) and for its re-sync requests
+"""One owner for the node's status record (node/peer/node_status.py `NodeStatus`) and for its re-sync requests
 (node/peer/resyncs.py `Resyncs`): every change goes through their methods, so "who writes field X" has one answer.
 
 The status check reads the product source: outside NodeStatus's own methods, no assignment, augmented assignment,
@@ -12,7 +12,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pathswarm.node.peer.config import NodeStatus
+from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.peer.resyncs import Resyncs
 from pathswarm.node.peer.status import write_status
 from pathswarm.node.peer.vouch import Vouched
@@ -115,7 +115,7 @@ def test_only_the_status_record_writes_its_fields():
         lines = _status_writes(path.read_text(encoding="utf-8"))
         if lines:
             offenders[str(path.relative_to(ROOT))] = lines
-    assert offenders == {}, f"write the status through NodeStatus's methods (node/peer/config.py): {offenders}"
+    assert offenders == {}, f"write the status through NodeStatus's methods (node/peer/node_status.py): {offenders}"
 
 
 def test_the_status_file_keeps_its_fields(tmp_path):

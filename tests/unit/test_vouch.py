@@ -91,7 +91,7 @@ def sync(synthetic_docs):
     """A node's StateSync over a real worker of a 1-level spec and an offline exchange (the tests put its downloads
     in: the exchange's own are tested end to end in tests/swarm)."""
     from pathswarm.node.model.data import TokenSampler
-    from pathswarm.node.peer.config import NodeStatus
+    from pathswarm.node.peer.node_status import NodeStatus
     from pathswarm.node.peer.state_sync import StateSync
     from pathswarm.node.train.worker import PathWorker
     from pathswarm.protocol.netloop import NetLoop
