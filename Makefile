@@ -14,7 +14,7 @@ $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,hf]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -23,6 +23,7 @@ from pathswarm.node.app.cli_model import demo, eval_cmd, generate, simulate
 from pathswarm.node.app.cli_node import bootstrap, node
 from pathswarm.node.app.cli_swarm_view import swarm_dashboard, swarm_status
 from pathswarm.node.app.cli_tune import tune_command
+from pathswarm.node.app.cli_whole_model import model_group
 from pathswarm.protocol.identity import default_owner_key
 from pathswarm.protocol.membership import (
     Ed25519PrivateKey,
@@ -332,7 +333,7 @@ def swarm_revoke(spec_path: str, peer_ids: tuple[str, ...], owner_key: str | Non
 # ---- the other commands, by concern --------------------------------------------------------------
 for command in (swarm_status, swarm_dashboard):
     swarm.add_command(command)
-for command in (node, bootstrap, simulate, demo, eval_cmd, generate, tune_command):
+for command in (node, bootstrap, simulate, demo, eval_cmd, generate, tune_command, model_group):
     main.add_command(command)
 
 

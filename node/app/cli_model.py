@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pathswarm.node.app.cli_common import friendly, load_spec_option, write_json
+from pathswarm.protocol.spec import format_path
 
 # The simulator, the demo, checkpoints and evaluation are imported inside the commands that need them, after the
 # checks of their options and spec, so that `pathswarm --help` and a mistyped option or path answer at once: they
@@ -83,43 +84,60 @@ def demo(nodes: int, rounds: int, inner_steps: int, out_dir: str, json_path: str
 
 
 @click.command("eval")
-@click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False), help="Swarm spec (TOML).")
-@click.option("--checkpoint", "checkpoint_dir", required=True, type=click.Path(), help="Checkpoint directory.")
+@click.option("--spec", "spec_path", default=None, type=click.Path(dir_okay=False),
+              help="Swarm spec (TOML); default: the spec stored with a whole model (model pull / assemble).")
+@click.option("--checkpoint", "checkpoint_dir", required=True, type=click.Path(),
+              help="A whole model, or a node's checkpoint directory (its paths only).")
 @click.option("--batches", type=int, default=16, show_default=True, help="Validation batches per path.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Also write JSON here.")
 @friendly
-def eval_cmd(spec_path: str, checkpoint_dir: str, batches: int, json_path: str | None) -> None:
-    """Routed validation loss (and bits per byte) per path and overall."""
-    spec = load_spec_option(spec_path)
+def eval_cmd(spec_path: str | None, checkpoint_dir: str, batches: int, json_path: str | None) -> None:
+    """Routed validation loss (and bits per byte) per path and over the paths the checkpoint holds.
+
+    Every held-out document is scored by the path the router picks for it; a node's checkpoint holds one path, so its
+    documents are that path's only (the table says how many of the swarm's paths were scored)."""
     from pathswarm.node.train.checkpoint import load_checkpoint
     from pathswarm.node.train.evaluate import routed_eval
+    from pathswarm.node.train.model_dir import resolve_spec
 
+    spec = resolve_spec(checkpoint_dir, spec_path)
     ckpt = load_checkpoint(checkpoint_dir, spec)
     rows, overall = routed_eval(spec, ckpt, max_batches=batches)
-    table = Table(title=f"routed validation loss, round {ckpt.round}")
-    for col in ("path", "documents", "tokens", "loss (nats)", "bits/byte"):
+    whole = len(rows) == spec.n_paths
+    table = Table(title=f"routed validation loss, round {ckpt.round}"
+                        + ("" if whole else f" ({len(rows)} of the swarm's {spec.n_paths} paths held)"))
+    for col in ("path", "documents", "tokens", "loss (nats/byte)", "bits/byte"):
         table.add_column(col, justify="right")
-    for r in [*rows, overall]:
+    for r in rows:
         table.add_row(r.path, str(r.documents), str(r.tokens), f"{r.loss:.4f}", f"{r.bits_per_byte:.4f}")
+    table.add_row("all paths" if whole else f"these {len(rows)}", str(overall.documents), str(overall.tokens),
+                  f"{overall.loss:.4f}", f"{overall.bits_per_byte:.4f}")
     Console().print(table)
+    held = {r.path for r in rows}
     write_json(json_path, {"round": ckpt.round, "paths": {r.path: r.loss for r in rows}, "all": overall.loss,
-                            "bits_per_byte": overall.bits_per_byte})
+                            "bits_per_byte": overall.bits_per_byte,
+                            "paths_missing": [p for p in map(format_path, spec.paths()) if p not in held]})
 
 
 @click.command()
-@click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False), help="Swarm spec (TOML).")
-@click.option("--checkpoint", "checkpoint_dir", required=True, type=click.Path(), help="Checkpoint directory.")
+@click.option("--spec", "spec_path", default=None, type=click.Path(dir_okay=False),
+              help="Swarm spec (TOML); default: the spec stored with a whole model (model pull / assemble).")
+@click.option("--checkpoint", "checkpoint_dir", required=True, type=click.Path(),
+              help="A whole model, or a node's checkpoint directory (prompts routed to its path only).")
 @click.option("--prompt", required=True, help="Text to continue; it is routed to its path first.")
 @click.option("--max-bytes", type=int, default=200, show_default=True, help="Bytes to generate.")
 @click.option("--temperature", type=float, default=0.8, show_default=True, help="Sampling temperature (0: greedy).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
 @friendly
-def generate(spec_path: str, checkpoint_dir: str, prompt: str, max_bytes: int, temperature: float, seed: int) -> None:
+def generate(spec_path: str | None, checkpoint_dir: str, prompt: str, max_bytes: int, temperature: float,
+             seed: int) -> None:
     """Route PROMPT to its path and sample a continuation."""
     if max_bytes <= 0:
         raise click.BadParameter("must be positive", param_hint="--max-bytes")
-    spec = load_spec_option(spec_path)
     from pathswarm.node.train.evaluate import generate_text
+    from pathswarm.node.train.model_dir import resolve_spec
+
+    spec = resolve_spec(checkpoint_dir, spec_path)
 
     path, text = generate_text(spec, checkpoint_dir, prompt, max_bytes, temperature, seed)
     click.echo(f"[path {path}] {prompt}{text}")

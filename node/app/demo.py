@@ -4,7 +4,8 @@ By default a real local swarm: create a 2x2 spec on the BBC News corpus and fit 
 bootstrap DHT peer and N node processes on 127.0.0.1 (node/app/local_swarm.py), show a live table per
 node, and at the end print routed validation loss per path before and after, the bytes every node
 sent against what fp32 data-parallel would have sent for the same inner steps, and whether every
-module's replicas are bit-identical. While it runs, the swarm's dashboard is served on 127.0.0.1 (its URL is
+module's replicas are bit-identical, and assemble the whole model out of the nodes' checkpoints into OUT/model
+(`generate` and `model export` read it). While it runs, the swarm's dashboard is served on 127.0.0.1 (its URL is
 printed). `--simulated` runs the same algorithm in one process instead.
 """
 
@@ -26,6 +27,8 @@ from pathswarm.node.app.replicas import check_replicas
 from pathswarm.node.app.swarm_init import format_init_report, init_spec
 from pathswarm.node.model.data import load_documents
 from pathswarm.node.model.model import count_module_params
+from pathswarm.node.train.assemble import assemble
+from pathswarm.node.train.model_dir import SPEC_FILE, write_model
 from pathswarm.node.train.simulate import SimConfig, SimResult
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, SwarmSpec
 from pathswarm.protocol.swarm_view import ddp_fp32_bytes
@@ -54,14 +57,17 @@ def run_simulated_demo(rounds: int, inner_steps: int, out_dir: Path, json_path: 
     spec_path = out_dir / "swarm.toml"
     spec_path.write_text(spec.to_toml(), encoding="utf-8")
     console.print(format_init_report(spec, docs))
-    cfg = SimConfig(mode="dipaco", rounds=rounds, inner_steps=inner_steps, checkpoint_dir=str(out_dir / "checkpoint"))
+    # The simulator checkpoints every module: with the spec beside it, that is a whole model (node/train/model_dir.py).
+    model_dir = out_dir / "model"
+    cfg = SimConfig(mode="dipaco", rounds=rounds, inner_steps=inner_steps, checkpoint_dir=str(model_dir))
     result = run_with_progress(spec, cfg, console)
+    (model_dir / SPEC_FILE).write_text(spec.to_toml(), encoding="utf-8")
     json_path = json_path or out_dir / "demo.json"
     plot_path = plot_path or out_dir / "demo.png"
     write_json_atomic(json_path, {**result.to_json(), "rounds_completed": len(result.rounds)})
     plot_losses(result, plot_path)
-    console.print(f"spec {spec_path} · checkpoint {out_dir / 'checkpoint'} · JSON {json_path} · plot {plot_path}")
-    console.print(f"next: pathswarm eval --spec {spec_path} --checkpoint {out_dir / 'checkpoint'}")
+    console.print(f"spec {spec_path} · JSON {json_path} · plot {plot_path}")
+    print_model_commands(console, model_dir)
     return result
 
 
@@ -193,7 +199,27 @@ def run_demo(nodes: int, rounds: int, inner_steps: int, out_dir: Path, json_path
     console.print(table)
     json_path = json_path or out_dir / "demo.json"
     plot_path = plot_path or out_dir / "demo.png"
+    model_dir = out_dir / "model"
+    summary["model"] = assemble_demo_model(spec, [swarm.node_files(n)["checkpoint"] for n in names], model_dir)
     write_json_atomic(json_path, summary)
     plot_node_curves(summary, plot_path)
     console.print(f"spec {spec_path} · JSON {json_path} · plot {plot_path} · logs {out_dir / 'swarm'}")
+    print_model_commands(console, model_dir)
     return summary
+
+
+def assemble_demo_model(spec: SwarmSpec, checkpoints: list[Path], model_dir: Path) -> dict:
+    """The whole model out of the nodes' checkpoints (node/train/assemble.py): every module at the newest round the
+    nodes agree on, with the spec beside it."""
+    modules, chosen, trained = assemble(spec, checkpoints)
+    write_model(model_dir, spec, modules, {"kind": "assemble", "assembled_at": int(time.time()),
+                                           "tokens_trained": trained,
+                                           "modules": {c.module: {"round": c.round, "digest": c.digest,
+                                                                  "from": str(c.source)} for c in chosen}})
+    return {"dir": str(model_dir), "modules": {c.module: c.round for c in chosen}}
+
+
+def print_model_commands(console: Console, model_dir: Path) -> None:
+    console.print(f"whole model (every path): {model_dir}")
+    console.print(f"  pathswarm generate --checkpoint {model_dir} --prompt \"The striker scored twice\"")
+    console.print(f"  pathswarm model export {model_dir} --hf {model_dir.parent / 'hf'}")

@@ -76,6 +76,9 @@ class Checkpoint:
     counters: dict[str, Any] | None = None
     """The saving node's token counters as it wrote them, unchecked (node/peer/counters.py reads them); None: none
     saved (a checkpoint of `swarm init`, of the simulator, or of an older version)."""
+    provenance: dict[str, Any] | None = None
+    """Where a whole model's modules came from (node/train/model_dir.py: `model pull`, `model assemble`), as
+    written; None in a node's own checkpoints."""
 
 
 def _sha256_file(path: Path) -> str:
@@ -92,9 +95,10 @@ def module_digest(state: ModuleState) -> str:
 
 
 def save_checkpoint(root: str | Path, spec: SwarmSpec, round_: int, modules: dict[str, ModuleState],
-                    counters: dict[str, Any] | None = None) -> Path:
+                    counters: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None) -> Path:
     """Write a complete round atomically and point LATEST at it; returns the round directory. `counters`: the node's
-    token counters, kept in the manifest as given (a JSON object)."""
+    token counters, `provenance`: where a whole model's modules came from; each kept in the manifest as given (a
+    JSON object)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     name = f"round-{round_:06d}"
@@ -103,7 +107,7 @@ def save_checkpoint(root: str | Path, spec: SwarmSpec, round_: int, modules: dic
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
-        return _write_round(root, spec, round_, modules, name, final, tmp, counters)
+        return _write_round(root, spec, round_, modules, name, final, tmp, counters, provenance)
     except OSError:
         # A full disk (or any write error): the half-written round goes, LATEST still names the last complete one.
         shutil.rmtree(tmp, ignore_errors=True)
@@ -111,11 +115,13 @@ def save_checkpoint(root: str | Path, spec: SwarmSpec, round_: int, modules: dic
 
 
 def _write_round(root: Path, spec: SwarmSpec, round_: int, modules: dict[str, ModuleState], name: str, final: Path,
-                 tmp: Path, counters: dict[str, Any] | None) -> Path:
+                 tmp: Path, counters: dict[str, Any] | None, provenance: dict[str, Any] | None) -> Path:
     tmp.mkdir()
     manifest: dict[str, Any] = {"format": FORMAT_VERSION, "swarm_id": spec.swarm_id, "round": round_, "modules": {}}
     if counters is not None:
         manifest["counters"] = counters
+    if provenance is not None:
+        manifest["provenance"] = provenance
     sizes: dict[str, int] = {}
     for mid, st in sorted(modules.items()):
         tensors = {k: v.detach().contiguous().clone() for k, v in st.weights.items()}
@@ -152,7 +158,7 @@ def _verify_round(d: Path, sizes: dict[str, int]) -> None:
             raise CorruptCheckpointError(f"{path}: missing or not as written")
 
 
-def _complete_rounds(root: Path) -> list[Path]:
+def complete_rounds(root: Path) -> list[Path]:
     """Round directories with a manifest, oldest written first. By write time, not by name: a node that re-synced
     to an older round (a healed split) writes a lower round number after a higher one."""
     found = []
@@ -165,7 +171,7 @@ def _complete_rounds(root: Path) -> list[Path]:
 
 def _prune(root: Path, keep: int, current: Path) -> None:
     """Keep the round just written and the keep − 1 written before it."""
-    older = [p for p in _complete_rounds(root) if p != current]
+    older = [p for p in complete_rounds(root) if p != current]
     for old in older[:max(0, len(older) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -180,7 +186,7 @@ def resolve_checkpoint_dir(path: str | Path) -> Path:
         target = p / latest.read_text(encoding="utf-8").strip()
         if (target / "manifest.json").is_file():
             return target
-        fallback = _complete_rounds(p)
+        fallback = complete_rounds(p)
         if fallback:
             logger.warning("%s: LATEST names %s, which is not a complete round; using %s, the newest that is",
                            p, target.name, fallback[-1].name)
@@ -188,10 +194,20 @@ def resolve_checkpoint_dir(path: str | Path) -> Path:
         raise CheckpointError(f"{p}: LATEST names {target.name}, which has no manifest.json")
     if not p.exists():
         raise CheckpointError(f"{p}: checkpoint directory not found")
-    if p.is_dir() and (rounds := _complete_rounds(p)):
+    if p.is_dir() and (rounds := complete_rounds(p)):
         logger.warning("%s: no LATEST file; using %s, the newest complete round", p, rounds[-1].name)
         return rounds[-1]
     raise CheckpointError(f"{p}: no manifest.json and no LATEST file; not a pathswarm checkpoint")
+
+
+def modules_held(path: str | Path) -> set[str]:
+    """The module ids the newest round of a checkpoint names (its manifest's; the files are not checked). A damaged
+    manifest names none: `load_checkpoint` then says what is wrong, or falls back to an older round."""
+    try:
+        entries = read_manifest(resolve_checkpoint_dir(path)).get("modules")
+    except CorruptCheckpointError:
+        return set()
+    return set(entries) if isinstance(entries, dict) else set()
 
 
 def load_checkpoint(path: str | Path, spec: SwarmSpec, module_ids: list[str] | None = None) -> Checkpoint:
@@ -203,7 +219,7 @@ def load_checkpoint(path: str | Path, spec: SwarmSpec, module_ids: list[str] | N
     if first == root:
         return _load_round(first, spec, module_ids)
     damaged: list[CorruptCheckpointError] = []
-    for d in [first, *[r for r in reversed(_complete_rounds(root)) if r != first]]:
+    for d in [first, *[r for r in reversed(complete_rounds(root)) if r != first]]:
         try:
             ckpt = _load_round(d, spec, module_ids)
         except CorruptCheckpointError as e:
@@ -215,7 +231,8 @@ def load_checkpoint(path: str | Path, spec: SwarmSpec, module_ids: list[str] | N
     raise damaged[0]
 
 
-def _load_round(d: Path, spec: SwarmSpec, module_ids: list[str] | None) -> Checkpoint:
+def read_manifest(d: Path) -> dict[str, Any]:
+    """A round directory's manifest, its format checked (CorruptCheckpointError if unreadable or of another one)."""
     try:
         manifest = json.loads((d / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -223,6 +240,16 @@ def _load_round(d: Path, spec: SwarmSpec, module_ids: list[str] | None) -> Check
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
         raise CorruptCheckpointError(f"{d}/manifest.json: unsupported format "
                                      f"{manifest.get('format') if isinstance(manifest, dict) else manifest!r}")
+    return manifest
+
+
+def load_round(d: Path, spec: SwarmSpec, module_ids: list[str] | None = None) -> Checkpoint:
+    """One round directory as it is (no fallback to another round): every file checked as `load_checkpoint` does."""
+    return _load_round(d, spec, module_ids)
+
+
+def _load_round(d: Path, spec: SwarmSpec, module_ids: list[str] | None) -> Checkpoint:
+    manifest = read_manifest(d)
     if manifest.get("swarm_id") != spec.swarm_id:
         raise CheckpointError(f"{d}: checkpoint belongs to swarm {str(manifest.get('swarm_id'))[:12]}…, "
                               f"but the spec's swarm id is {spec.swarm_id[:12]}…")
@@ -237,9 +264,10 @@ def _load_round(d: Path, spec: SwarmSpec, module_ids: list[str] | None) -> Check
         if mid not in entries:
             raise CheckpointError(f"{d}: module {mid} is missing from the checkpoint")
         modules[mid] = _load_module(d, spec, mid, entries[mid])
-    counters = manifest.get("counters")
+    counters, provenance = manifest.get("counters"), manifest.get("provenance")
     return Checkpoint(swarm_id=spec.swarm_id, round=int(manifest.get("round", 0)), modules=modules, directory=d,
-                      counters=counters if isinstance(counters, dict) else None)
+                      counters=counters if isinstance(counters, dict) else None,
+                      provenance=provenance if isinstance(provenance, dict) else None)
 
 
 def _load_module(d: Path, spec: SwarmSpec, mid: str, entry: dict) -> ModuleState:

@@ -15,7 +15,7 @@ import torch
 from pathswarm.node.model.data import Document, TokenSampler, decode_tokens, encode_text, load_documents, split
 from pathswarm.node.model.model import PathModel, build_path
 from pathswarm.node.model.router import documents_by_path, route
-from pathswarm.node.train.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from pathswarm.node.train.checkpoint import Checkpoint, CheckpointError, load_checkpoint, modules_held
 from pathswarm.node.train.inner import evaluate_loss
 from pathswarm.protocol.spec import SwarmSpec, format_path
 
@@ -78,9 +78,27 @@ def generate_text(spec: SwarmSpec, checkpoint_dir: str, prompt: str, max_new_byt
     if not prompt:
         raise ValueError("the prompt is empty")
     path = spec.path_of_index(route(prompt, spec.router))
-    ckpt = load_checkpoint(checkpoint_dir, spec, spec.module_ids(path))
+    ckpt = load_checkpoint(checkpoint_dir, spec, _path_modules_held(spec, checkpoint_dir, path))
     model = model_from_checkpoint(spec, ckpt, path)
     idx = encode_text(prompt)[-spec.model.context_len:].unsqueeze(0)
     gen = torch.Generator().manual_seed(seed)
     out = model.generate(idx, max_new_bytes, temperature=temperature, generator=gen)
     return format_path(path), decode_tokens(out[0, idx.shape[1]:])
+
+
+def _path_modules_held(spec: SwarmSpec, checkpoint_dir: str, path: tuple[int, ...]) -> list[str]:
+    """The path's modules, when the checkpoint holds them all; else one line that names the path, what the
+    checkpoint holds instead, and where to get the rest."""
+    wanted = spec.module_ids(path)
+    held = modules_held(checkpoint_dir)
+    if not held:  # a damaged newest round: load_checkpoint falls back to an intact one, or says what is wrong
+        return wanted
+    missing = [mid for mid in wanted if mid not in held]
+    if missing:
+        paths = [format_path(p) for p in spec.paths() if all(mid in held for mid in spec.module_ids(p))]
+        raise CheckpointError(
+            f"the prompt routes to path {format_path(path)}, but {checkpoint_dir} holds "
+            f"{'path ' + ', '.join(paths) if paths else 'no complete path'} (not {', '.join(missing)}): use the "
+            f"checkpoint of a node that serves path {format_path(path)}, or the whole model (`pathswarm model pull` "
+            "from the swarm, `pathswarm model assemble` from the nodes' checkpoints)")
+    return wanted
