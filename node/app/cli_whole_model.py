@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pathswarm.node.app.cli_common import friendly
@@ -58,19 +59,19 @@ def pull(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, .
     console = Console(stderr=True, soft_wrap=True)  # one line per module, also in a log file
     t0 = time.monotonic()
     total = len(spec.all_module_ids())
-    done = 0
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(f"pulling swarm {spec.name} ({spec.swarm_id[:12]}…)", total=total)
 
-    def on_module(p) -> None:
-        nonlocal done
-        done += 1
-        where = (f"{p.vouchers} of {p.counted} holders vouch, from {p.source}, {fmt_bytes(p.bytes)} in "
-                 f"{p.seconds:.1f} s") if p.bytes else p.source
-        console.print(f"[{done}/{total}] {p.module}: round {p.round} ({p.digest[:12]}), {where}", highlight=False)
+        def on_module(p) -> None:
+            progress.advance(task)
+            where = (f"{p.vouchers} of {p.counted} holders vouch, from {p.source}, {fmt_bytes(p.bytes)} in "
+                     f"{p.seconds:.1f} s") if p.bytes else p.source
+            progress.console.print(f"{p.module}: round {p.round} ({p.digest[:12]}), {where}", highlight=False)
 
-    with console.status(f"pulling {total} modules of swarm {spec.name} ({spec.swarm_id[:12]}…)"):
         round_dir, _ = pull_model(spec, initial_peers, out_dir, identity=ident, membership=token,
                                   patience_s=patience_s, on_module=on_module)
-    console.print(f"whole model in {out_dir} ({round_dir.name}) in {time.monotonic() - t0:.1f} s")
+    console.print(f"whole model in {out_dir} ({round_dir.name}, {total} modules) in {time.monotonic() - t0:.1f} s")
     _next_steps(out_dir)
 
 

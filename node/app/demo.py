@@ -219,7 +219,12 @@ def assemble_demo_model(spec: SwarmSpec, checkpoints: list[Path], model_dir: Pat
     return {"dir": str(model_dir), "modules": {c.module: c.round for c in chosen}}
 
 
+DEMO_PROMPTS = ("The striker scored twice in the second half as United beat Chelsea",
+                "The prime minister told MPs the election would be held in May")
+
+
 def print_model_commands(console: Console, model_dir: Path) -> None:
-    console.print(f"whole model (every path): {model_dir}")
-    console.print(f"  pathswarm generate --checkpoint {model_dir} --prompt \"The striker scored twice\"")
-    console.print(f"  pathswarm model export {model_dir} --hf {model_dir.parent / 'hf'}")
+    console.print(f"whole model (every path): {model_dir}", soft_wrap=True)
+    for prompt in DEMO_PROMPTS:  # a sports and a politics sentence: the router sends them to different paths
+        console.print(f"  pathswarm generate --checkpoint {model_dir} --prompt \"{prompt}\"", soft_wrap=True)
+    console.print(f"  pathswarm model export {model_dir} --hf {model_dir.parent / 'hf'}", soft_wrap=True)

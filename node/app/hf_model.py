@@ -66,7 +66,7 @@ def model_card(spec: SwarmSpec, ckpt: Checkpoint, path: tuple[int, ...], mine: P
     p = format_path(path)
     trained = tokens_trained(ckpt)
     modules = "\n".join(f"| `{mid}` | {ckpt.modules[mid].round} |" for mid in spec.module_ids(path))
-    losses = "\n".join(f"| {r.path}{' (this one)' if r.path == p else ''} | {r.documents} | "
+    losses = "\n".join(f"| {r.path}{' (this one)' if r.path == p else ''} | {r.documents} | {r.tokens:,} | "
                        f"{r.loss:.4f} | {r.bits_per_byte:.4f} |" for r in rows)
     cfg = spec.model
     return f"""---
@@ -98,8 +98,8 @@ Use this path for the documents routed to it; `pathswarm generate --checkpoint M
 
 ## Validation loss (next-byte cross-entropy, routed held-out documents)
 
-| path | documents | loss (nats/byte) | bits/byte |
-|---|---|---|---|
+| path | documents | bytes scored | loss (nats/byte) | bits/byte |
+|---|---|---|---|---|
 {losses}
 
 ## Use
