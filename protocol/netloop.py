@@ -10,10 +10,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+STOP_POLL_S = 0.1
+"""How often a wait that can be stopped looks at its stop event: a Ctrl-C ends a download within this (plus the
+cancellation), not when the download times out."""
+
+
+class Interrupted(Exception):
+    """A wait on the network loop was given up because the node is stopping (its coroutine is cancelled)."""
 
 
 class NetLoop:
@@ -29,8 +38,25 @@ class NetLoop:
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        return self.submit(coro).result(timeout_s)
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None,
+            stop: threading.Event | None = None) -> T:
+        """The coroutine's result (concurrent.futures.TimeoutError after timeout_s). With `stop`: Interrupted as soon
+        as it is set, the coroutine cancelled (a node asked to stop does not wait out a 20-s state download)."""
+        future = self.submit(coro)
+        if stop is None:
+            return future.result(timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            if stop.is_set():
+                future.cancel()
+                raise Interrupted("stopping")
+            step = STOP_POLL_S if deadline is None else min(STOP_POLL_S, max(0.0, deadline - time.monotonic()))
+            try:
+                return future.result(step)
+            except concurrent.futures.TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    future.cancel()
+                    raise
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Cancel every task still running on the loop (handlers, open rounds), then stop it."""

@@ -17,8 +17,10 @@ holds and reduces each module), state_sync.py (a module's state from peers), res
 rounds.py (rounds in flight), splits.py (a round merged in two versions, healed), checkpoints.py (the round
 checkpoint), resume.py (the round in progress on disk), announce.py (DHT records), status.py (files and timers).
 
-SIGINT/SIGTERM: stop at the next inner step, settle or abandon the round in flight, checkpoint the last
-complete round, withdraw the claim, exit 0.
+SIGINT/SIGTERM: stop at the next inner step (or give up the state download in progress), wait a second for the
+round in flight and abandon it if it has not settled, checkpoint the last complete round, save the round in
+progress, withdraw the claim, log one last line (what is on disk, what was left), exit 0. A second signal exits at
+once (130). Before the DHT is joined, Ctrl-C stops the start (exit 0, nothing saved).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from pathswarm.node.train.inner import evaluate_loss
 from pathswarm.node.train.memory import fit_to_device
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import read_revocations
-from pathswarm.protocol.netloop import NetLoop
+from pathswarm.protocol.netloop import STOP_POLL_S, Interrupted, NetLoop
 from pathswarm.protocol.reachability import DialBackServer
 from pathswarm.protocol.rounds.exchange import ModuleExchange
 from pathswarm.protocol.spec import format_path
@@ -78,6 +80,8 @@ class Node:
         self.worker = self.exchange = self.rounds = self.sync = self.net = None
         self.splits: Splits | None = None
         self._reduced_before = 0  # tokens_reduced of our earlier runs (this run's exchange counts its own)
+        self._partial_saved = False  # the round in progress was saved as the run ended
+        self._training = False  # the start is over: the training loop runs (or ran)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -92,25 +96,39 @@ class Node:
         clock.lap("data")
         self.net = NetLoop()
         if not cfg.offline:
-            self.sdht = start_node_dht(cfg, spec, self.net)
+            try:
+                self.sdht = start_node_dht(cfg, spec, self.net)
+            except KeyboardInterrupt:  # our handler is not installed yet (below): Python's own raised this
+                logger.info("stopped while joining the swarm's DHT: nothing was saved or claimed")
+                self.net.stop(timeout_s=1)
+                return 0
             self.status.joined_dht(self.sdht.reachable, self.sdht.client_mode)
             self.seat.join(self.sdht)
             clock.lap("dht")
         if self.handle_signals:
             # After the DHT process is forked, so it does not inherit our handler (ParentBoundDHT also resets it).
             stop_on_signals(self.stop_event)
+        code = 0
         try:
-            self._start(train, val, device, clock)
+            try:
+                self._start(train, val, device, clock)
+            except Interrupted:  # Ctrl-C while the path's modules were being synced: nothing new to save
+                self.status.stopped_starting()
+                return code
             t0 = time.perf_counter()
+            self._training = True
             self.train_loop()
             train_wall_s = time.perf_counter() - t0
             self.status.training_stopped(train_wall_s, evaluate_loss(self.worker.model, self.val_batches)[0])
             self.checkpoints.save(self.worker, self._counts())
-            self._save_partial(final=True)  # after the round checkpoint it builds on: a restart resumes this very round
+            # after the round checkpoint it builds on: a restart resumes this very round
+            self._partial_saved = self._save_partial(final=True)
             self._write_status()
-            return 2 if self.announcer is not None and self.announcer.revoked else 0  # restarting would not help
+            code = 2 if self.announcer is not None and self.announcer.revoked else 0  # restarting would not help
+            return code
         finally:
             self._leave()
+            logger.info("%s", self._farewell(code))
 
     def _start(self, train: list, val: list, device: str, clock: PhaseClock) -> None:
         """From the DHT joined to the first inner step: path, model, exchange, claim, state, first eval, ready file."""
@@ -157,7 +175,7 @@ class Node:
                                        serve_state_bytes_per_s=self.cfg.serve_state_mbps * 1e6 / 8)
         self.exchange.set_client(bool(self.sdht is not None and self.sdht.client_mode))
         self.net.run(self.exchange.start(), 30)
-        self.sync = StateSync(spec, self.worker, self.status, self.exchange, self.net, self.sdht)
+        self.sync = StateSync(spec, self.worker, self.status, self.exchange, self.net, self.sdht, self.stop_event)
         self.rounds = Rounds(self.cfg, self.status, self.worker, self.exchange, self.net, self.sync.publish_local)
         self.exchange.drop_replies(*faults_from_env())
         if not offline:  # any member can hand the spec to a machine joining with --join
@@ -188,11 +206,14 @@ class Node:
                           source=f"warm start {self.cfg.init_dir}" if warm and self.cfg.init_dir else "seed",
                           holders=self.seat.live)
 
-    def _save_partial(self, final: bool = False) -> None:
+    def _save_partial(self, final: bool = False) -> bool:
+        """Save the round in progress (False: nothing to save, or not now)."""
         # Steps already sent are not saved: if their round merged, the swarm's anchor holds them already. At the end
         # of the run (final), a round still in flight was abandoned: its fate is unknown, nothing is saved.
         if self.worker is not None and not self.rounds.abandoned and not (final and self.rounds.in_flight):
             self.partial.save(self.worker, self.rounds.unsent_bases(), self.rounds.carry, self._counts())
+            return self.partial.enabled
+        return False
 
     # ---- the round loop ----------------------------------------------------------------------
     def train_loop(self) -> None:
@@ -246,13 +267,16 @@ class Node:
                 with self.work("settle"):
                     self._poll_timed()  # data-parallel: nobody trains on until the round is done
             if self.cfg.max_rounds and rounds_sent >= self.cfg.max_rounds:
-                self._poll(block=True, abandon=False)
+                self._poll(block=True, abandon=False, stoppable=False)
                 break
         # Rounds still open after this are abandoned, but stay in flight: the last status file counts their tokens
-        # unmerged (not known merged), and the next run, which cannot resume them, counts them lost.
-        self._poll(block=True, timeout_s=spec.averaging.grace_s, abandon=False)
-        for mid in self.rounds.in_flight:
-            logger.warning("round of %s still open at shutdown; abandoned", mid)
+        # unmerged (not known merged), and the next run, which cannot resume them, counts them lost. A run that ends
+        # as planned gives them the grace window; one asked to stop (Ctrl-C) a moment only: it leaves at once.
+        self._poll(block=True, abandon=False, stoppable=False,
+                   timeout_s=STOP_SETTLE_S if self.stop_event.is_set() else spec.averaging.grace_s)
+        if not self.stop_event.is_set():  # asked to stop, the last line says it (`_farewell`)
+            for mid in self.rounds.in_flight:
+                logger.warning("round of %s still open at shutdown; abandoned", mid)
 
     def _poll_timed(self, timeout_s: float | None = None) -> None:
         """Wait (at most timeout_s; None: the round's own timeout) for the rounds in flight to settle, keeping
@@ -270,8 +294,8 @@ class Node:
             self._poll(block=True, timeout_s=timeout_s, abandon=False)
         self.status.waited(time.monotonic() - t0)
 
-    def _poll(self, block: bool, timeout_s: float | None = None, abandon: bool = True) -> None:
-        if self.rounds.poll(block, timeout_s, abandon):
+    def _poll(self, block: bool, timeout_s: float | None = None, abandon: bool = True, stoppable: bool = True) -> None:
+        if self._settle_rounds(block, timeout_s, abandon, stoppable):
             self._round_complete()
         if self.stop_event.is_set():
             # Leaving: no heal or re-sync now. Their downloads meet peers that are leaving too, each waiting out its
@@ -279,6 +303,21 @@ class Node:
             return
         self.splits.heal_found()
         self.sync.resync(self.rounds.resyncs, self.seat.holders)
+
+    def _settle_rounds(self, block: bool, timeout_s: float | None, abandon: bool, stoppable: bool) -> bool:
+        """`Rounds.poll`, a blocking wait cut in slices so that a stop request ends it at once (a node waiting out
+        a slow group's grace window left 10 s after Ctrl-C); True when the round is complete."""
+        if not block:
+            return self.rounds.poll(False, None, abandon)
+        avg = self.spec.averaging
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else avg.grace_s + avg.timeout_s + 5)
+        complete = False
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            final = left <= STOP_POLL_S
+            complete = self.rounds.poll(True, min(left, STOP_POLL_S), abandon and final) or complete
+            if final or not self.rounds.in_flight or (stoppable and self.stop_event.is_set()):
+                return complete
 
     def _round_complete(self) -> None:
         st = self.status
@@ -320,12 +359,28 @@ class Node:
         self._take_stock()
         write_status(self.cfg.status_file, self.status, self.checkpoints.durable if self.cfg.checkpoint_dir else None)
 
+    def _farewell(self, code: int) -> str:
+        """The run's last line: why it ended, what is on disk, what was left unfinished."""
+        st, cfg = self.status, self.cfg
+        why = "asked to stop" if self.stop_event.is_set() else "run ended"
+        if not self._training:
+            kept = f" (the checkpoint in {cfg.checkpoint_dir} is as it was)" if cfg.checkpoint_dir else ""
+            return f"left the swarm ({why} before training began: nothing new saved{kept}); exit {code}"
+        saved = (f"checkpoint of round {max(self.checkpoints.durable.values())} in {cfg.checkpoint_dir}"
+                 if self.checkpoints.durable else
+                 "no checkpoint written" + ("" if cfg.checkpoint_dir else " (no --checkpoint-dir)"))
+        open_rounds = sorted(self.rounds.in_flight) if self.rounds is not None else []
+        left = (f"; the open round of {', '.join(open_rounds)} abandoned (its tokens count as unmerged; a restart "
+                "counts them lost)" if open_rounds else "")
+        return (f"left the swarm ({why}) after {st.round} round{'' if st.round == 1 else 's'}: {saved}"
+                f"{'; the round in progress saved' if self._partial_saved else ''}{left}; exit {code}")
+
     def _leave(self) -> None:
         by_signal = self.stop_event.is_set()
         self.stop_event.set()
         self.seat.stop_heartbeat()
         # The last round's announcement goes out (bounded: a store can wait seconds on a dead peer).
-        if self.chores is not None and not self.chores.finish(timeout_s=5):
+        if self.chores is not None and not self.chores.finish(timeout_s=1 if by_signal else 5):
             # Typically the last announcement, meeting peers that are leaving too: advisory, not worth waiting for.
             logger.info("a DHT store is still running; leaving without it")
         self.seat.withdraw()
@@ -363,6 +418,9 @@ def pick_device(device: str) -> str:
     return device
 
 
+STOP_SETTLE_S = 0.5
+"""How long a node asked to stop waits for its open rounds' results before it leaves (a run that ends as planned
+waits the grace window)."""
 SECOND_SIGNAL_EXIT = 130
 """Exit code of a node stopped by a second SIGTERM or SIGINT before it finished leaving (as a shell's Ctrl-C)."""
 

@@ -161,6 +161,10 @@ class NodeStatus:
         self.training_since = round(time.time(), 3)
         self.state = "training"
 
+    def stopped_starting(self) -> None:
+        """Asked to stop before training began (while the path's modules were being synced)."""
+        self.state = "stopped"
+
     def training_stopped(self, train_wall_s: float, val_loss_after: float) -> None:
         self.train_wall_s, self.val_loss_after = train_wall_s, val_loss_after
         self.state = "stopped"

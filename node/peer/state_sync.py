@@ -5,6 +5,7 @@ re-sync when our replica is not the group's, and what we serve to others (`local
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -16,7 +17,7 @@ from pathswarm.node.train.checkpoint import Checkpoint, CheckpointError, ModuleS
 from pathswarm.node.train.warm_start import InitMismatchError, check_init
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import read_module_holders
-from pathswarm.protocol.netloop import NetLoop
+from pathswarm.protocol.netloop import Interrupted, NetLoop
 from pathswarm.protocol.rounds.context import MAX_CLIENTS
 from pathswarm.protocol.rounds.exchange import ModuleExchange
 from pathswarm.protocol.rounds.outer import OuterState
@@ -28,9 +29,11 @@ logger = logging.getLogger(__name__)
 
 class StateSync:
     def __init__(self, spec: SwarmSpec, worker: PathWorker, status: NodeStatus, exchange: ModuleExchange,
-                 net: NetLoop, sdht=None):
+                 net: NetLoop, sdht=None, stop: threading.Event | None = None):
         self.spec, self.worker, self.status = spec, worker, status
         self.exchange, self.net, self.sdht = exchange, net, sdht
+        self.stop = stop or threading.Event()
+        """Set when the node is asked to stop: a download in progress is given up at once (netloop.Interrupted)."""
         self.local_states: dict[str, OuterState] = {}
         """Module → its state as of our last applied round: what the exchange serves and checks digests against."""
         self._checks: dict[str, tuple[float, float]] = {}  # module → (first check, next check) of a re-sync check
@@ -71,6 +74,7 @@ class StateSync:
         read_at = time.monotonic()
         for anns in first.values():
             self.note_announcements(anns)
+        logger.info("syncing %s: the newest state the module's holders vouch for", ", ".join(self.worker.module_ids))
         for mid in self.worker.module_ids:
             got = ""
             while True:
@@ -88,7 +92,8 @@ class StateSync:
                         f"this swarm starts from a warm start (spec [init], {self.spec.init.warm_start_steps} steps) "
                         f"and no peer served module {mid}: pass --init DIR (written by `pathswarm swarm init "
                         f"--warm-start-steps`), or start once a node that holds it is up")
-                time.sleep(1.0)
+                if self.stop.wait(1.0):
+                    raise Interrupted(f"stopping before module {mid} was synced")
             self.publish_local(mid)
             logger.info("module %s from %s", mid, got or (source if ckpt is None else
                                                           f"checkpoint round {ckpt.modules[mid].round}"))
@@ -190,7 +195,12 @@ class StateSync:
             servers = [p for p in got.peers if p not in self.clients] or list(got.peers)
             resyncs.request_from(mid, hint if hint in servers else servers[0], got)
         for r in resyncs.take():
-            if self._download_any(r.module, r.peer, r.expect, holders):
+            try:
+                synced = self._download_any(r.module, r.peer, r.expect, holders)
+            except Interrupted:  # leaving: the next run syncs anyway
+                logger.info("re-sync of %s given up: the node is stopping", r.module)
+                return
+            if synced:
                 for then in r.then:
                     then()
 
@@ -240,7 +250,7 @@ class StateSync:
             return False
         timeout_s = self.spec.averaging.timeout_s
         got = self.net.run(self.exchange.fetch_state(peer, mid, timeout_s, expect.round if expect else -1),
-                           timeout_s + 5)
+                           timeout_s + 5, stop=self.stop)
         return got is not None and self._adopt(mid, got, peer[-8:], keep_progress, expect)
 
     def download_parts(self, mid: str, expect: Vouched, keep_progress: bool = False) -> bool:
@@ -252,7 +262,7 @@ class StateSync:
             return False
         timeout_s = self.spec.averaging.timeout_s
         got = self.net.run(self.exchange.fetch_state_parts(servers, mid, timeout_s, expect.round, expect.digest),
-                           timeout_s + 5)
+                           timeout_s + 5, stop=self.stop)
         if got is None:
             logger.info("state of %s in parts from %d holders failed; downloading it whole", mid, len(servers))
             return False

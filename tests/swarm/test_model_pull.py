@@ -19,7 +19,7 @@ from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, parse_path
 
 from ..conftest import cli, tiny_spec, wait_until
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]  # 37 s: in `make test-slow` (CI runs it after the suite)
 
 PATHS = {"a": "0.0", "b": "0.1", "c": "1.0", "d": "1.1"}
 # ~2,560 tokens a round at 600 tokens/s: a round takes ~4 s, so a node's two kept checkpoint rounds still hold the
