@@ -171,7 +171,7 @@ class NodeMetrics(_PathRecord):
     round: Count
     """The outer round the node has completed."""
     loss: float = Field(ge=0.0, le=1e6)
-    """Latest training loss (cross-entropy, nats per token)."""
+    """Latest training loss (next-byte cross-entropy, nats per byte: tokens are UTF-8 bytes)."""
     tokens_per_s: Rate
     """Training throughput."""
     bytes_sent: Count

@@ -209,7 +209,7 @@ def train_steps(model: PathModel, opt: AdamW, batches: Callable[[], tuple[torch.
 
 @torch.no_grad()
 def evaluate_loss(model: PathModel, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, int]:
-    """Mean next-byte cross-entropy (nats per token) over the batches, and the token count."""
+    """Mean next-byte cross-entropy (nats per byte: tokens are bytes) over the batches, and the token count."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0

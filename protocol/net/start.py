@@ -206,6 +206,12 @@ def _start(
         )
         try:
             dht.wait_until_ready(timeout=startup_timeout_s)  # p2pd has read the identity file by now
+        except KeyboardInterrupt:
+            # Ctrl-C while the DHT process is still starting: it cannot answer a graceful stop yet (hivemind waits
+            # 3 s for it, then terminates it), so terminate it almost at once.
+            dht.shutdown_timeout = STOP_STARTING_S
+            dht.shutdown()
+            raise
         except BaseException:
             dht.shutdown()
             raise
@@ -227,6 +233,8 @@ def dht_node_id(owner: bytes) -> DHTID | None:
     return None if peer_id is None else DHTID.generate(source=f"pathswarm-dht-node:{peer_id}".encode())
 
 
+STOP_STARTING_S = 0.3
+"""How long a DHT process interrupted while starting gets to stop by itself before it is terminated."""
 PARENT_POLL_S = 0.5  # how often the DHT process checks that the process that started it is alive
 
 

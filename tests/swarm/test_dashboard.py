@@ -7,24 +7,29 @@ shows it. The page must show it as text and run none of it.
 """
 
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pathswarm.node.app.dashboard.view import LOSS_DEFINITION, LOSS_UNIT
 from pathswarm.node.app.local_swarm import LocalSwarm
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec
 
 from ..browser import browser
 from ..conftest import cli, tiny_spec, wait_until
+from ..dashboard_page import empty_charts, legend_values, losses_side_by_side, save_screenshot, unexplained
 
 pytestmark = pytest.mark.timeout(300)
 
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 HOSTILE_NAME = ('<img src=x onerror="document.body.dataset.pwned=1"><script>document.body.dataset.pwned=2</script>'
                 '&amp;"\'')
 
@@ -106,6 +111,16 @@ def test_the_dashboard_shows_the_swarm_live_in_a_browser(tmp_path, monkeypatch):
 
             # The swarm's page: live, it follows the rounds without a reload.
             driver.get(url)
+            # Caught as early as the page is: no curve yet comes with the empty state, a curve without it
+            wait_until(lambda: driver.execute_script("return document.body.dataset.polls"), 60, "the first draw")
+            early = driver.execute_script("""
+                const empty = document.querySelector("#loss-chart .empty");
+                return {curves: document.querySelectorAll("#loss-chart canvas").length,
+                        empty: empty && empty.textContent,
+                        reach: document.getElementById("total-reachability").textContent};""")
+            assert (early["curves"] == 0 and "no round finished yet" in early["empty"]) or (
+                early["curves"] == 1 and early["empty"] is None), early
+            assert "/" not in early["reach"], early  # words, never "0 / 0 / 0"
             shared_round = lambda: text_of(driver, '#modules tr td[data-module="shared"] + td')  # noqa: E731
             first = int(wait_until(lambda: shared_round().isdigit() and int(shared_round()) >= 1 and shared_round(),
                                    120, "the page to show the shared module's first round"))
@@ -113,6 +128,30 @@ def test_the_dashboard_shows_the_swarm_live_in_a_browser(tmp_path, monkeypatch):
                        f"the page to move past round {first} by itself")
             polls = int(driver.execute_script("return document.body.dataset.polls"))
             assert polls >= 2  # the page fetched again and again: no reload did this
+
+            # One loss, one unit: the page says what it is, as /metrics' help does; the legends show the newest
+            # values without a hover, and the table's "last round" column is the loss chart's last point
+            assert text_of(driver, "#loss-text") == LOSS_DEFINITION + "."
+            assert text_of(driver, "#th-loss-latest") == f"latest loss ({LOSS_UNIT})"
+            assert text_of(driver, "#th-loss-round") == f"last round's loss ({LOSS_UNIT})"
+
+            def same_loss():  # a path nobody trains has no curve and "–" in its row
+                side = losses_side_by_side(driver)
+                return (any(len(v) == 2 for v in side.values())
+                        and all(v == ["–"] or (len(v) == 2 and v[1].split(" (round")[0] == v[0] != "–")
+                                for v in side.values()))
+            wait_until(same_loss, 30, "each path's legend value to equal its table row")
+            for chart in ("loss-chart", "group-chart", "rate-chart"):
+                values = legend_values(driver, chart)
+                assert values and "--" not in values.values(), (chart, values)
+            assert unexplained(driver) == []
+
+            # the screenshot, a few rounds in: into docs/ (what docs/OPERATING.md shows) with
+            # PATHSWARM_UPDATE_SCREENSHOT=1, else beside the test's files (a test run leaves the tree as it was)
+            wait_until(lambda: shared_round().isdigit() and int(shared_round()) >= first + 5, 120, "a few more rounds")
+            shot = DOCS / "dashboard.png" if os.environ.get("PATHSWARM_UPDATE_SCREENSHOT") else tmp_path / "page.png"
+            save_screenshot(driver, shot)
+            assert 10_000 < shot.stat().st_size < 300_000
 
             # The name is markup: shown as text, none of it run
             assert text_of(driver, "#swarm-name") == HOSTILE_NAME
@@ -170,7 +209,7 @@ def test_the_dashboard_shows_the_swarm_live_in_a_browser(tmp_path, monkeypatch):
             assert resources and all(r.startswith(origin + "/") for r in resources), resources
             errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
             assert not errors, errors
-            driver.save_screenshot(str(tmp_path / "dashboard.png"))
+
     finally:
         driver.quit()
         if board is not None:
@@ -181,6 +220,71 @@ def test_the_dashboard_shows_the_swarm_live_in_a_browser(tmp_path, monkeypatch):
                 board.kill()
                 raise
     assert code == 0, board_log.read_text()[-2000:]
+
+
+def test_before_the_first_round_the_page_says_so_and_every_field_is_explained():
+    """Staged summaries (no swarm): claims with no metrics yet, then three rounds. Before round 1 the charts say why
+    they are empty and reachability is "not measured yet" (not "0 / 0 / 0" beside "nodes 2"); after, the legends
+    show the newest values unhovered and the group-size lines, all at 2 members, are drawn apart."""
+    from pathswarm.node.app.dashboard.server import Dashboard
+    from pathswarm.node.app.dashboard.view import DashboardState
+    from pathswarm.protocol.records import ModuleAnnouncement, NodeMetrics, PathClaim
+    from pathswarm.protocol.spec import SwarmSpec
+    from pathswarm.protocol.swarm_view import SwarmView, summarize
+
+    spec = SwarmSpec(name="staged", levels=(2, 2))
+    peers = {"QmPeerA": (0, 0), "QmPeerB": (1, 1)}
+    stage = {"round": 0}
+
+    def poll():
+        r = stage["round"]
+        claims = [PathClaim(path=path, peer_id=p, tokens_per_s=0.0, round=r, expires_at=1e9)
+                  for p, path in peers.items()]
+        anns = {mid: [ModuleAnnouncement(module_id=mid, round=r, digest="ab", peer_id=p, numel=100) for p in peers]
+                for mid in spec.all_module_ids()}
+        metrics = [NodeMetrics(path=path, peer_id=p, round=r, loss=2.5 + 0.01 * i, tokens_per_s=1000.0,
+                               bytes_sent=100 * r, bytes_received=100 * r, inner_steps=10 * r, reachable=True,
+                               history=tuple((k, 3.0 - 0.1 * k + 0.01 * i) for k in range(1, r + 1)),
+                               groups=tuple((mid, k, 2) for mid in spec.all_module_ids() for k in range(1, r + 1)))
+                   for i, (p, path) in enumerate(peers.items())] if r else []
+        return summarize(spec, SwarmView(claims=claims, modules=anns, metrics=metrics))
+
+    driver = browser()
+    try:
+        with Dashboard(DashboardState(spec), poll, port=0, poll_s=0.2) as board:
+            driver.get(board.url)
+            wait_until(lambda: text_of(driver, "#total-nodes") == "2", 30, "the first poll on the page")
+            assert empty_charts(driver) == {
+                "loss-chart": f"loss per round, per path ({LOSS_UNIT}): no round finished yet: the curve starts "
+                              "with the first round",
+                "group-chart": "members merged per round, per module (lines offset up to ±0.3 to stay apart): no round "
+                               "finished yet: each module's group size shows here once a round merges",
+                "rate-chart": "tokens/s over time, all nodes: no throughput yet: a node reports its tokens/s once it "
+                              "finishes its first round"}
+            assert text_of(driver, "#total-reachability") == "not measured yet"
+            # every field says what it is: units, and the words the issue found unexplained
+            assert unexplained(driver) == []
+            assert text_of(driver, "#loss-text") == LOSS_DEFINITION + "."
+            assert text_of(driver, "#th-loss-latest") == f"latest loss ({LOSS_UNIT})"
+            assert "open swarm (anyone may join)" in text_of(driver, "#swarm-kind")
+            assert re.search(r"records read \d+ times", text_of(driver, "#updated"))
+            assert driver.execute_script("return document.getElementById('updated').title").startswith("When ")
+            assert text_of(driver, "#modules thead").count("holders at newest round") == 1
+
+            stage["round"] = 3
+            wait_until(lambda: not empty_charts(driver), 30, "the charts once rounds are in")
+            assert text_of(driver, "#total-reachability") == "2 reachable · 0 behind NAT"
+            assert losses_side_by_side(driver)["path 0.0"] == ["2.7000", "2.7000"]
+            assert losses_side_by_side(driver)["path 1.1"] == ["2.7100", "2.7100"]
+            assert legend_values(driver, "group-chart") == {"outer round": "3", **{m: "2" for m in
+                                                            spec.all_module_ids()}}
+            assert "--" not in legend_values(driver, "rate-chart").values()
+            # five modules merging groups of 2: five lines, none on top of another
+            ends = driver.execute_script("return charts['group-chart'].plot.data.slice(1).map(ys => ys[ys.length - 1])")
+            assert len(ends) == 5 and len(set(ends)) == 5 and all(abs(y - 2) < 0.31 for y in ends), ends
+            assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        driver.quit()
 
 
 def test_the_server_is_read_only_serves_only_its_files_and_says_when_it_has_no_figures_yet():

@@ -1,6 +1,8 @@
 """The dashboard's state and Prometheus metrics (node/app/dashboard/view.py, prom.py): history kept across polls,
 bounds on what peers wrote, and the figures /metrics exports equal the summary's."""
 
+import re
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from pathswarm.node.app.dashboard.prom import metrics_text, registry_for
@@ -88,3 +90,27 @@ def test_metrics_export_the_summarys_figures_under_conventional_names():
     assert samples[("pathswarm_dashboard_last_poll_timestamp_seconds", ())] == 100.0
     view = node_view(status)
     assert view["last_groups"] == {"shared": {"round": 4, "peers": [A]}} and view["loss_by_round"][-1] == [4, 2.25]
+
+
+def test_one_definition_of_the_loss_for_the_page_metrics_and_plots():
+    """The loss's unit and meaning are stated once (view.py): the page gets them in /api/dashboard, /metrics' help
+    repeats them, and the demo's and `swarm status --plot`'s axes name the same unit."""
+    from pathlib import Path
+
+    from pathswarm.node.app.dashboard.view import LOSS_DEFINITION, LOSS_LATEST, LOSS_PER_ROUND, LOSS_UNIT
+
+    assert LOSS_UNIT == "nats/byte" and "bits per byte = loss / ln 2" in LOSS_DEFINITION
+    state = DashboardState(SPEC, started=0.0)
+    state.update(summary_at(2, 2.5), now=1.0)
+    assert DashboardState(SPEC).snapshot()["loss"] == state.snapshot()["loss"] == {
+        "unit": LOSS_UNIT, "definition": LOSS_DEFINITION, "latest": LOSS_LATEST, "per_round": LOSS_PER_ROUND}
+    status = NodeStatus(peer_id=A, path="0.0", loss=2.5)
+    helps = {fam.name: fam.documentation for fam in text_string_to_metric_families(
+        metrics_text(registry_for(state, lambda: node_view(status))).decode())}
+    assert LOSS_DEFINITION in helps["pathswarm_path_loss"] and LOSS_LATEST in helps["pathswarm_path_loss"]
+    assert LOSS_DEFINITION in helps["pathswarm_node_loss"]
+    assert "per token" not in " ".join(helps.values())
+    app = Path(__file__).resolve().parents[2] / "node" / "app"
+    for plot in ("demo.py", "fmt.py"):
+        labels = re.findall(r'set_ylabel\("([^"]*loss[^"]*)"\)', (app / plot).read_text())
+        assert labels and all(label.endswith(f"({LOSS_UNIT})") for label in labels), (plot, labels)

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pathswarm.node.app.dashboard.view import DashboardState
+from pathswarm.node.app.dashboard.view import LOSS_DEFINITION, LOSS_LATEST, DashboardState
 
 
 class _Families:
@@ -85,8 +85,8 @@ def _add_path(f: _Families, p: dict) -> None:
           path=p["path"])
     f.add(G, "pathswarm_path_round", "Newest outer round a node of the path completed.", p["round"],
           path=p["path"])
-    f.add(G, "pathswarm_path_loss", "Mean training loss of the path's nodes (nats per token).", p["loss"],
-          path=p["path"])
+    # the page's definition, word for word (view.py): one unit and one meaning for every loss shown
+    f.add(G, "pathswarm_path_loss", f"The path's {LOSS_DEFINITION}; {LOSS_LATEST}.", p["loss"], path=p["path"])
 
 
 def _add_module(f: _Families, m: dict) -> None:
@@ -118,7 +118,7 @@ def _add_node(f: _Families, node: dict) -> None:
     f.families["pathswarm_node"] = info
     f.add(G, "pathswarm_node_round", "Outer rounds this node completed.", node["round"])
     f.add(C, "pathswarm_node_inner_steps", "Inner steps this node took.", node["inner_step"])
-    f.add(G, "pathswarm_node_loss", "This node's latest training loss (nats per token).", node["loss"])
+    f.add(G, "pathswarm_node_loss", f"This node's newest {LOSS_DEFINITION}.", node["loss"])
     f.add(G, "pathswarm_node_tokens_per_second", "This node's training throughput.", node["tokens_per_s"])
     f.add(C, "pathswarm_node_tokens_trained", "Tokens this node trained.", node["tokens_trained"])
     f.add(C, "pathswarm_node_sent_bytes", "Bytes this node sent.", node["bytes_sent"])

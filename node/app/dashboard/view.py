@@ -23,6 +23,17 @@ MAX_POINTS = 720
 MAX_TEXT = 128
 """Longest string the page gets (names, ids); longer ones are cut with an ellipsis."""
 
+# The loss's one definition: the page gets it in /api/dashboard and /metrics' help quotes it, so no two places can
+# disagree on the unit again; tests/unit/test_dashboard_view.py holds the demo's plot labels (demo.py, fmt.py) to it.
+LOSS_UNIT = "nats/byte"
+"""Tokens are UTF-8 bytes: the loss is next-byte cross-entropy, in nats per byte."""
+LOSS_DEFINITION = ("training loss: next-byte cross-entropy in nats per byte (tokens are UTF-8 bytes; bits per byte "
+                   "= loss / ln 2)")
+LOSS_LATEST = ("latest: each node's newest reported loss (its last round's mean, or a single inner step's once the "
+               "next round is training), averaged over the path's nodes")
+LOSS_PER_ROUND = ("per round: the mean loss of a round's last 10 inner steps, averaged over the nodes that trained "
+                  "that round; the chart draws this, and its last point is the table's \"last round\" column")
+
 
 def text(value: Any, limit: int = MAX_TEXT) -> str:
     s = str(value)
@@ -109,6 +120,8 @@ class DashboardState:
                 "totals": {k: number(v) for k, v in s["totals"].items()} if s else {},
                 "series": {k: list(v) for k, v in self.series.items()},
                 "node": node,
+                "loss": {"unit": LOSS_UNIT, "definition": LOSS_DEFINITION, "latest": LOSS_LATEST,
+                         "per_round": LOSS_PER_ROUND},
             }
 
 
