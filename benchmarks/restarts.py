@@ -48,7 +48,7 @@ NAMES = {"a": "0.0", "b": "0.1", "c": "0.2"}
 SHARED = ("shared", "L0M0")  # the modules all three nodes hold
 SETTLE_ROUNDS = 3  # the goal: a split settles within this many rounds
 STALLED_ROUNDS = 4  # a holder whose frames were in none of a module's last rounds this many has stopped merging it
-DIE_REPLYING_EXIT = 86  # protocol/rounds/service.py: a node the hook ended
+DIE_REPLYING_EXIT = 86  # protocol/rounds/reply_faults.py: a node the hook ended
 
 
 def wait(pred, timeout_s: float, what: str):

@@ -25,6 +25,7 @@ from pathswarm.protocol.rounds.member import Member
 from pathswarm.protocol.rounds.messages import RoundReply
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducer import Closer, Reducer
+from pathswarm.protocol.rounds.reply_faults import ReplyFaults
 from pathswarm.protocol.rounds.rule import close_round
 from pathswarm.protocol.rounds.service import Service
 from pathswarm.protocol.rounds.slices import UnitNumels, UnitStates, module_of_unit
@@ -115,10 +116,10 @@ class ModuleExchange:
                      exit_arm: str = "") -> None:
         """Fault injection for tests: as the reducer of these (module, round)s, close the replies unsent;
         `die_replying`: (module, round, or -1: any) → which member ("first" or "last" by peer id) gets its reply
-        before the process exits, the others none; `exit_arm`: a file a process must remove to die so (service.py)."""
-        self.service.drop_reply = set(rounds)
-        self.service.die_replying = dict(die_replying or {})
-        self.service.exit_arm = exit_arm
+        before the process exits, the others none; `exit_arm`: a file a process must remove to die so
+        (reply_faults.py). With none, the service keeps no fault object at all."""
+        faults = ReplyFaults(set(rounds), dict(die_replying or {}), exit_arm)
+        self.service.faults = faults if faults else None
 
     def forget_pending(self, module: str, from_round: int | None = None) -> None:
         """Our state of the module was replaced (re-sync) by one at `from_round`: rounds we closed earlier no longer

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -20,7 +19,6 @@ from pathswarm.protocol.rounds.context import MAX_CLIENTS, Context
 from pathswarm.protocol.rounds.messages import (
     ContributeRequest,
     Refusal,
-    RoundReply,
     StanceReply,
     StanceRequest,
     StateReply,
@@ -29,7 +27,7 @@ from pathswarm.protocol.rounds.messages import (
 )
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducer import Reducer
-from pathswarm.protocol.rounds.slices import module_of_unit
+from pathswarm.protocol.rounds.reply_faults import ReplyFaults
 from pathswarm.protocol.rounds.state_parts import part_bounds, parts_for
 from pathswarm.protocol.wire import WireError, read_message, write_message
 
@@ -38,27 +36,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DIE_REPLYING_EXIT = 86
-"""Exit code of a process that the `die_replying` fault injection ended (tests tell it from a crash)."""
-ANY_ROUND = -1
-"""`die_replying`'s round for "any round of the module" (benchmarks/restarts.py arms each kill with a file)."""
-
-
 class Service:
     """Serves contribute, stance and state requests for one node; downloads states from peers."""
 
     def __init__(self, ctx: Context, reducer: Reducer, audits: AuditService):
         self.ctx, self.reducer, self.audits = ctx, reducer, audits
-        self.drop_reply: set[tuple[str, int]] = set()
-        """Fault injection (tests): close these rounds' replies unsent, as if the connection broke after the merge."""
-        self.die_replying: dict[tuple[str, int], str] = {}
-        """Fault injection (tests): as the reducer of these rounds, reply to one member of a round with two or more
-        others ("first": the one whose peer id sorts first, "last": last), then exit the process hard before the next
-        reply (a reducer killed between two members' replies)."""
-        self.exit_arm = ""
-        """Fault injection: with it, a process dies by `die_replying` only if it removes this file first (one death
-        per arming, in the whole swarm: whoever reduces the round again after it replies as usual)."""
-        self._dies: dict[tuple[str, int], bool] = {}
+        self.faults: ReplyFaults | None = None
+        """Fault injection, tests only (reply_faults.py): None in every production node."""
 
     async def start(self) -> None:
         streams = self.ctx.streams
@@ -86,48 +70,15 @@ class Service:
             # The frame follows in a second message, bounded by this module's size.
             _, frame = await read_message(reader, ctx.contribution_limit(ask.module), ctx.traffic)
             result = await self.reducer.reduce(ask.module, ask.round, sender, ask.tokens, ask.digest, frame)
-            if (ask.module, ask.round) in self.drop_reply and result.applicable:
-                self.drop_reply.discard((ask.module, ask.round))
-                logger.warning("fault injection: the reply of %s round %d to %s is dropped", ask.module, ask.round,
-                               sender[-8:])
-                return
-            if await self._dying_reply(ask.module, ask.round, sender, result):
+
+            async def send() -> None:
                 await write_message(writer, result.header(), result.mean_frame, ctx.traffic)
-                logger.warning("fault injection: replied to %s for %s round %d; exiting before the next reply",
-                               sender[-8:], ask.module, ask.round)
-                logging.shutdown()
-                os._exit(DIE_REPLYING_EXIT)
-            await write_message(writer, result.header(), result.mean_frame, ctx.traffic)
+
+            if self.faults and await self.faults.before_reply(ask.module, ask.round, sender, ctx.peer_id, result, send):
+                return
+            await send()
 
         await ctx.trust.serve("contribute", sender, reader, writer, handle)
-
-    async def _dying_reply(self, module: str, round_: int, sender: str, result: RoundReply) -> bool:
-        """Fault injection (`die_replying`): True for the one reply after which the process exits. Only a round
-        with two members besides us (one gets the result, the other not); the other members' replies wait until the
-        process is gone, so exactly one member has the result."""
-        whole = module_of_unit(module)  # a slice's reducer (slices.py) dies as its module's would
-        which = (self.die_replying.get((module, round_)) or self.die_replying.get((whole, round_))
-                 or self.die_replying.get((whole, ANY_ROUND)))
-        others = sorted(set(result.contributors) - {self.ctx.peer_id})
-        if which is None or not result.applicable or len(others) < 2:
-            return False  # not a round with two members to split between (a late answer of a version alone, say)
-        if (module, round_) not in self._dies:  # decided once per round, before any of its replies is held
-            self._dies = {k: v for k, v in list(self._dies.items())[-16:]}
-            self._dies[(module, round_)] = self._armed()
-        if not self._dies[(module, round_)]:
-            return False
-        if sender != (others[0] if which == "first" else others[-1]):
-            await asyncio.Event().wait()
-        return True
-
-    def _armed(self) -> bool:
-        if not self.exit_arm:
-            return True
-        try:
-            os.unlink(self.exit_arm)  # atomic: of the processes that try, one removes it
-            return True
-        except FileNotFoundError:
-            return False
 
     async def _on_stance(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         ctx = self.ctx

@@ -28,7 +28,7 @@ from pathswarm.node.app.replicas import check_replicas
 from pathswarm.node.app.swarm_init import init_spec
 from pathswarm.node.model.data import synthetic_corpus
 from pathswarm.node.train.checkpoint import load_checkpoint, module_digest
-from pathswarm.protocol.rounds.service import DIE_REPLYING_EXIT
+from pathswarm.protocol.rounds.reply_faults import DIE_REPLYING_EXIT
 from pathswarm.protocol.spec import AveragingSpec, DataSpec, InnerOptSpec, ModelSpec, SwarmSpec
 
 from ..conftest import wait_until
