@@ -20,6 +20,7 @@ MAGIC = b"PSW1"
 _PREFIX = struct.Struct("<4sIQ")
 MAX_HEADER_BYTES = 256 * 1024  # a result of MAX_LISTED (1024) contributors lists ~180 KB of frames (rounds/audit.py)
 WRITE_CHUNK = 1 << 16
+READ_CHUNK = 1 << 20  # a payload read with an idle check comes in pieces of at most this
 """Bytes written between two drains of a message's payload."""
 
 
@@ -82,10 +83,12 @@ class Pacer:
 
 async def write_message(writer: asyncio.StreamWriter, header: dict[str, Any],
                         payload: bytes | memoryview | Sequence[bytes | memoryview] = b"",
-                        traffic: Traffic | None = None, pacer: Pacer | None = None) -> None:
+                        traffic: Traffic | None = None, pacer: Pacer | None = None,
+                        idle_s: float | None = None) -> None:
     """One message; `payload` may come in parts (sent back to back, as one payload). Written chunk by chunk with a
     drain after each, so a peer that does not read pins at most a chunk and the transport's buffer, not the
-    payload (the caller's deadline then ends the wait); with a `pacer`, each chunk waits for its share of the cap."""
+    payload (the caller's deadline then ends the wait); with a `pacer`, each chunk waits for its share of the cap;
+    with `idle_s`, a chunk the peer does not take within that long ends the message (WireError: stalled)."""
     parts = [memoryview(p).cast("B") for p in ([payload] if isinstance(payload, bytes | memoryview) else payload)]
     size = sum(len(p) for p in parts)
     head = json.dumps(header, separators=(",", ":")).encode()
@@ -98,14 +101,41 @@ async def write_message(writer: asyncio.StreamWriter, header: dict[str, Any],
             if pacer is not None:
                 await pacer.take(min(WRITE_CHUNK, len(view) - off))
             writer.write(view[off:off + WRITE_CHUNK])
-            await writer.drain()
-    await writer.drain()
+            await _drain(writer, idle_s)
+    await _drain(writer, idle_s)
     if traffic is not None:
         traffic.add(sent=len(prefix) + len(head) + size)
 
 
+async def _drain(writer: asyncio.StreamWriter, idle_s: float | None) -> None:
+    if idle_s is None:
+        await writer.drain()
+        return
+    try:
+        await asyncio.wait_for(writer.drain(), idle_s)
+    except TimeoutError:
+        raise WireError(f"stalled: the peer took nothing for {idle_s:g} s") from None
+
+
+async def _read_payload(reader: asyncio.StreamReader, n: int, idle_s: float | None) -> bytes:
+    """n bytes; with `idle_s`, in chunks that must each arrive within that long (a slow link may take minutes for a
+    large payload, a dead one is found within idle_s)."""
+    if idle_s is None:
+        return await reader.readexactly(n)
+    out = bytearray()
+    while len(out) < n:
+        try:
+            out += await asyncio.wait_for(reader.read(min(READ_CHUNK, n - len(out))), idle_s)
+        except TimeoutError:
+            raise WireError(f"stalled: nothing for {idle_s:g} s after {len(out):,} of {n:,} bytes") from None
+        if reader.at_eof() and len(out) < n:
+            raise asyncio.IncompleteReadError(bytes(out), n)
+    return bytes(out)
+
+
 async def read_message(reader: asyncio.StreamReader, max_payload: int,
-                       traffic: Traffic | None = None) -> tuple[dict[str, Any], bytes]:
+                       traffic: Traffic | None = None, idle_s: float | None = None) -> tuple[dict[str, Any], bytes]:
+    """One message, its payload at most `max_payload` bytes; `idle_s`: see `_read_payload`."""
     try:
         prefix = await reader.readexactly(_PREFIX.size)
     except asyncio.IncompleteReadError as e:
@@ -119,7 +149,7 @@ async def read_message(reader: asyncio.StreamReader, max_payload: int,
         raise WireError(f"payload of {payload_len} bytes exceeds the limit of {max_payload}")
     try:
         head = await reader.readexactly(head_len)
-        payload = await reader.readexactly(payload_len) if payload_len else b""
+        payload = await _read_payload(reader, payload_len, idle_s) if payload_len else b""
     except asyncio.IncompleteReadError as e:
         raise WireError("message truncated") from e
     if traffic is not None:

@@ -199,7 +199,8 @@ def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[s
 @click.option("--serve-state-mbps", type=float, default=0.0, show_default=True,
               help="Cap, in megabits per second, on the upload of module states this node serves to joining and "
                    "re-syncing peers, so that a home uplink keeps room for the node's own rounds (joiners download "
-                   "a state's parts from all its holders at once). 0: no cap.")
+                   "a state's parts from all its holders at once). 0: no cap. Below 1: a downloader waits for a state "
+                   "as if it came at 1 Mbit/s, so a large one served slower may be given up (a warning says so).")
 @click.option("--optimizer", type=click.Choice(["adamw", "adamw8bit"]), default=None,
               help="This node's inner optimizer (default: the spec's [inner] optimizer). adamw8bit keeps "
                    "bitsandbytes' 8-bit moments: about a quarter of AdamW's optimizer memory. Only this node's "
@@ -237,6 +238,10 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
                         (audit_rate, "--audit-rate"), (serve_state_mbps, "--serve-state-mbps")):
         if not value >= 0 or value == float("inf"):
             raise click.BadParameter("must be a finite number >= 0", param_hint=hint)
+    if 0 < serve_state_mbps < 1:  # protocol/rounds/state_parts.py FLOOR_BYTES_PER_S: 1 Mbit/s
+        click.echo(f"warning: --serve-state-mbps {serve_state_mbps:g}: peers wait for a state as if it came at "
+                   "1 Mbit/s at least; a large state served slower may be given up and asked of another holder",
+                   err=True)
     spec, initial_peers = resolve_swarm(spec_path, join_id, tuple(initial_peers))
     if path != "auto":  # before the DHT starts: a wrong path used to be refused some 17 s later
         from pathswarm.protocol.spec import parse_path

@@ -36,6 +36,7 @@ from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.rounds.exchange import ModuleExchange
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducers import list_digest
+from pathswarm.protocol.rounds.state_parts import transfer_deadline_s
 from pathswarm.protocol.spec import SwarmSpec, format_path
 from pathswarm.protocol.swarm_view import counted_once
 
@@ -217,14 +218,16 @@ class _Puller:
             return None, (f"round {got.round}, vouched for by {len(got.vouchers)} of {len(counted)} holders, is held "
                           "by no holder that can be dialed now")
         timeout_s = self.spec.averaging.timeout_s
+        # a large state may take minutes from a home uplink; the transfer gives up when nothing arrives for timeout_s
+        wait_s = transfer_deadline_s(timeout_s, 8 * count_module_params(self.spec)[mid]) + 5
         state: OuterState | None = None
         source = ""
         if len(servers) >= 2:
             state = self.loop.run(self.exchange.fetch_state_parts(servers, mid, timeout_s, got.round, got.digest),
-                                  timeout_s + 5)
+                                  wait_s)
             source = f"{len(servers)} holders in parts"
         for peer in servers if state is None else ():
-            state = self.loop.run(self.exchange.fetch_state(peer, mid, timeout_s, got.round), timeout_s + 5)
+            state = self.loop.run(self.exchange.fetch_state(peer, mid, timeout_s, got.round), wait_s)
             source = f"peer …{peer[-8:]}"
             if state is not None and (state.round, state.digest()) == (got.round, got.digest):
                 break

@@ -22,6 +22,7 @@ from pathswarm.protocol.rounds.context import MAX_CLIENTS
 from pathswarm.protocol.rounds.exchange import ModuleExchange
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducers import list_digest
+from pathswarm.protocol.rounds.state_parts import transfer_deadline_s
 from pathswarm.protocol.spec import SwarmSpec
 
 logger = logging.getLogger(__name__)
@@ -250,7 +251,7 @@ class StateSync:
             return False
         timeout_s = self.spec.averaging.timeout_s
         got = self.net.run(self.exchange.fetch_state(peer, mid, timeout_s, expect.round if expect else -1),
-                           timeout_s + 5, stop=self.stop)
+                           self._deadline_s(mid), stop=self.stop)
         return got is not None and self._adopt(mid, got, peer[-8:], keep_progress, expect)
 
     def download_parts(self, mid: str, expect: Vouched, keep_progress: bool = False) -> bool:
@@ -262,11 +263,16 @@ class StateSync:
             return False
         timeout_s = self.spec.averaging.timeout_s
         got = self.net.run(self.exchange.fetch_state_parts(servers, mid, timeout_s, expect.round, expect.digest),
-                           timeout_s + 5, stop=self.stop)
+                           self._deadline_s(mid), stop=self.stop)
         if got is None:
             logger.info("state of %s in parts from %d holders failed; downloading it whole", mid, len(servers))
             return False
         return self._adopt(mid, got, f"{len(servers)} holders", keep_progress, expect)
+
+    def _deadline_s(self, mid: str) -> float:
+        """How long a download of `mid` is waited for: the whole state at the slowest rate waited for (the transfer
+        itself gives up sooner when nothing arrives for the averaging timeout)."""
+        return transfer_deadline_s(self.spec.averaging.timeout_s, 8 * self.worker.outer[mid].anchor.numel()) + 5
 
     def _adopt(self, mid: str, got: OuterState, source: str, keep_progress: bool, expect: Vouched | None) -> bool:
         # the fetch checked that the state hashes to the digest its server(s) sent with it

@@ -49,13 +49,14 @@ class ModuleExchange:
         traffic = traffic or Traffic()
         # A module's round may be cut into slices (slices.py): the round's parts take a slice's id where a module's
         # goes, and these answer for both.
+        state_bytes = 8 * max(numels.values(), default=0)  # our largest module's anchor and momentum, fp32
         numels = UnitNumels(numels, spec.averaging.slices)
         state_of = UnitStates(state_of, numels)
         self.spec, self.peer_id, self.numels, self.traffic = spec, peer_id, numels, traffic
         # A reducer gets at most one slice of a module per round from each member (slices.py `rotated`): the
         # request budgets per module stay those of one reducer.
         trust = Trust(spec, peer_id, len(numels), traffic,
-                      lambda: max((spec.codec.max_frame_bytes(n) for n in numels.values()), default=0))
+                      lambda: max((spec.codec.max_frame_bytes(n) for n in numels.values()), default=0), state_bytes)
         self.ctx = Context(spec, peer_id, numels, state_of, streams, trust, traffic, clock=clock,
                            membership=membership, sync_world=sync_world,
                            state_pacer=Pacer(serve_state_bytes_per_s) if serve_state_bytes_per_s else None)

@@ -28,7 +28,7 @@ from pathswarm.protocol.rounds.messages import (
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducer import Reducer
 from pathswarm.protocol.rounds.reply_faults import ReplyFaults
-from pathswarm.protocol.rounds.state_parts import part_bounds, parts_for
+from pathswarm.protocol.rounds.state_parts import part_bounds, parts_for, transfer_deadline_s
 from pathswarm.protocol.wire import WireError, read_message, write_message
 
 if TYPE_CHECKING:
@@ -120,7 +120,8 @@ class Service:
                     view = memoryview(t.float().contiguous().numpy())  # type: ignore[arg-type]  # buffer on 3.12+
                     parts.append(view[lo:hi].cast("B"))
             reply = StateReply("ok", state.round, state.digest(), state.reducers, ask.part, ask.parts)
-            await write_message(writer, reply.header(), parts, ctx.traffic, ctx.state_pacer)
+            await write_message(writer, reply.header(), parts, ctx.traffic, ctx.state_pacer,
+                                idle_s=ctx.spec.averaging.timeout_s)
 
         await ctx.trust.serve("state", sender, reader, writer, handle)
 
@@ -143,17 +144,19 @@ class Service:
         ctx, streams = self.ctx, self.ctx.streams
         assert streams is not None
         what = ask.module if ask.parts == 1 else f"part {ask.part + 1}/{ask.parts} of {ask.module}"
+        start, end = part_bounds(2 * ctx.numels[ask.module], ask.parts, ask.part)
 
         async def go() -> tuple[dict, bytes]:
             reader, writer = await streams.open(peer, ctx.name("state"))
             try:
                 await write_message(writer, ask.header(), b"", ctx.traffic)
-                return await read_message(reader, 8 * ctx.numels[ask.module], ctx.traffic)
+                # a slow uplink may take minutes for a large state; a dead one is found within timeout_s
+                return await read_message(reader, 8 * ctx.numels[ask.module], ctx.traffic, idle_s=timeout_s)
             finally:
                 writer.close()
 
         try:
-            header, payload = await asyncio.wait_for(go(), timeout_s)
+            header, payload = await asyncio.wait_for(go(), transfer_deadline_s(timeout_s, 4 * (end - start)))
             if (refusal := Refusal.parse(header)) is not None:
                 logger.warning("state download of %s refused by %s: %s", what, peer[-8:], refusal.reason)
                 return None

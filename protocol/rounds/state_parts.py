@@ -12,6 +12,17 @@ MAX_STATE_PARTS = 64
 """The most parts a state is asked in (bounds what a request may make a server compute)."""
 ALIGN = 1024
 """Values: part boundaries fall on multiples of it (4 KiB of fp32), but the last."""
+FLOOR_BYTES_PER_S = 125_000
+"""The slowest state transfer waited for to its end (1 Mbit/s): a transfer's deadline grows with its size at this
+rate. A fixed deadline (the averaging timeout, 20 s) made any state over ~50 MB impossible to download from one home
+uplink of 20 Mbit/s: a 25 M-parameter path (204 MB of anchor and momentum) never synced. A stalled transfer is still
+found within the averaging timeout: nothing may arrive for that long (protocol/wire.py `idle_s`)."""
+
+
+def transfer_deadline_s(timeout_s: float, nbytes: int) -> float:
+    """How long a state transfer of `nbytes` may take, end to end: the averaging timeout plus its bytes at
+    FLOOR_BYTES_PER_S."""
+    return timeout_s + nbytes / FLOOR_BYTES_PER_S
 
 
 def part_bounds(total: int, parts: int, part: int) -> tuple[int, int]:

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from pathswarm.protocol.handlers import Budget, Guard
 from pathswarm.protocol.membership import MembershipError, gate_of
 from pathswarm.protocol.rounds.messages import Refusal
+from pathswarm.protocol.rounds.state_parts import transfer_deadline_s
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.wire import MAX_HEADER_BYTES, Traffic, discard_rest, read_message, write_message
 
@@ -35,7 +36,7 @@ class Trust:
     """Admission (membership, budgets, round bounds) and the peers we no longer trust, for one node."""
 
     def __init__(self, spec: SwarmSpec, peer_id: str, n_modules: int, traffic: Traffic,
-                 frame_limit: Callable[[], int]):
+                 frame_limit: Callable[[], int], state_bytes: int = 0):
         self.spec, self.peer_id, self.traffic = spec, peer_id, traffic
         self.max_frame_bytes = frame_limit  # the largest frame any of our modules accepts: what a refusal drains
         self.gate = gate_of(spec.membership.owner_key, spec.swarm_id)  # shared: revocations learnt apply here too
@@ -53,7 +54,10 @@ class Trust:
         self.guard = Guard({
             "contribute": Budget(4.0, 32, per_peer=2 * n_modules + 2, total=1024,
                                  deadline_s=avg.grace_s + avg.timeout_s + 30),
-            "state": Budget(1.0, 16, per_peer=2, total=8, deadline_s=avg.timeout_s + 5),
+            # a state (`state_bytes`: our largest, anchor and momentum) may go out as slowly as a transfer is waited
+            # for (state_parts.py `transfer_deadline_s`); a reader that stalls is cut after the averaging timeout
+            "state": Budget(1.0, 16, per_peer=2, total=8,
+                            deadline_s=transfer_deadline_s(avg.timeout_s, state_bytes) + 5),
             "stance": Budget(4.0, 32, per_peer=2 * n_modules + 2, total=1024, deadline_s=STANCE_TIMEOUT_S + 5),
             # an audit downloads a round's frames (about once a round per group; a reducer's checked rounds: every
             # member, each of its modules, every round, a second or two apart in a small swarm, and in a round in slices

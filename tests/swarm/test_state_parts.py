@@ -76,3 +76,12 @@ def test_a_capped_holders_whole_state_takes_at_least_what_its_cap_allows(peers):
     took = time.monotonic() - t0
     assert got is not None and got.digest() == held[2].digest()
     assert took >= (8 * NUMEL - 2e6) / 2e6 * 0.9, took  # the bytes beyond a second's burst, at 2 MB/s
+
+
+def test_a_state_slower_than_the_averaging_timeout_still_arrives(peers):
+    """The capped holder needs ≥ 0.2 s for its state; the averaging timeout passed here is 0.1 s. A transfer's deadline
+    grows with its size (state_parts.py `transfer_deadline_s`: a fixed 20 s kept every state over ~50 MB from a home
+    uplink), and only a transfer that stalls for the timeout is cut (tests/unit/test_wire.py)."""
+    net, ids, exchanges, held = peers
+    got = net.run(exchanges[0].fetch_state(ids[3], "shared", 0.1, held[2].round), 60)
+    assert got is not None and got.digest() == held[2].digest()
