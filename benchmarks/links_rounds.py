@@ -49,7 +49,7 @@ def run(nodes: int, a, work: Path) -> dict:
     link = Profile("shaped", up_bps=a.up_mbps * 1e6, down_bps=a.down_mbps * 1e6, rtt_s=a.rtt_ms / 1e3,
                    loss=a.loss)
     names = [f"n{i}" for i in range(nodes)]
-    t = time.monotonic()
+    t_start = time.monotonic()
     with Links([PROFILES["lan"], *[link] * nodes]) as net, LocalSwarm(spec_path, work / f"run-{nodes}") as swarm:
         swarm.netns.update({"bootstrap": net.ns(0), **{n: net.ns(i + 1) for i, n in enumerate(names)}})
         swarm.start_bootstrap(args=["--swarm", str(spec_path), "--host-maddr", net.maddr(0)], timeout_s=120)
@@ -81,7 +81,7 @@ def run(nodes: int, a, work: Path) -> dict:
             "up_bps": link.up_bps, "down_bps": link.down_bps, "one_way_latency_s": link.rtt_s / 2,
             "min_group": nodes, "grace_s": None,
             "measured_round_s": statistics.median(per_round), "measured_rounds": per_round,
-            "replicas_identical": not mismatches, "compared": compared, "wall_s": time.monotonic() - t}
+            "replicas_identical": not mismatches, "compared": compared, "wall_s": time.monotonic() - t_start}
 
 
 def main() -> None:
