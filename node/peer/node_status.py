@@ -25,11 +25,17 @@ class NodeStatus:
     the training thread calls them; other threads only read."""
 
     peer_id: str = ""
+    """This node's libp2p peer id ("offline" without a network; "" before the DHT is joined)."""
     path: str = ""
+    """The path this node trains, as "0.1" ("" before it chose one)."""
     round: int = 0
+    """Outer rounds this node completed in this run (every module of its path settled: applied, late or failed)."""
     inner_step: int = 0
+    """Inner steps this node took (a resumed round in progress continues the count: its warm-up position)."""
     loss: float = float("nan")
+    """Training loss of the latest inner step: next-byte cross-entropy in nats per byte."""
     tokens_per_s: float = 0.0
+    """Training throughput over the last chunk of inner steps (tokens are bytes)."""
     tokens_trained: int = 0
     """Tokens of the inner steps this node trained, counted as each step ends, over all its runs: a restart from
     its checkpoint directory (same peer id or a new one) continues the count (node/peer/counters.py)."""
@@ -64,6 +70,7 @@ class NodeStatus:
     """Names this node's counters across its runs (kept in its checkpoints and saved rounds in progress): a
     restarted node continues the counts of a status file only if it names the same id."""
     last_group: int = 0
+    """Members merged in the shared module's last round, this node included."""
     reachable: bool | None = None
     """Whether a peer could dial this node back at start (None: not measured)."""
     client: bool = False
@@ -75,10 +82,15 @@ class NodeStatus:
     checkpointing: bool = False
     """Activation checkpointing, when the memory plan needed it."""
     bytes_sent: int = 0
+    """Bytes this node wrote to its peers' streams (every message of the rounds, audits and states served)."""
     bytes_received: int = 0
+    """Bytes this node read from its peers' streams."""
     val_loss_before: float = float("nan")
+    """Validation loss on the documents routed to our path when training began (nats per byte)."""
     val_loss_after: float = float("nan")
+    """The same when training stopped (NaN: not stopped yet)."""
     rounds_failed: int = 0
+    """Rounds of a module that failed for this node (no result it could apply: its steps carry to the next round)."""
     rounds_retried: int = 0
     """Rounds sent again to the next reducer after a check before applying proved theirs a liar."""
     rounds_missed: dict[str, list[int]] = field(default_factory=dict)
@@ -88,7 +100,9 @@ class NodeStatus:
     train_wall_s: float = 0.0
     """Wall time of the whole training loop (inner steps, waiting and applying included)."""
     digests: dict[str, str] = field(default_factory=dict)
+    """module → digest of our state of it now (anchor, momentum and round)."""
     module_rounds: dict[str, int] = field(default_factory=dict)
+    """module → its outer round in our state now (modules advance independently)."""
     reducers: dict[str, list[str]] = field(default_factory=dict)
     """module → who reduces its next round, in failover order (protocol/rounds/reducers.py)."""
     loss_curve: list[float] = field(default_factory=list)
@@ -117,6 +131,7 @@ class NodeStatus:
     distrusted: dict[str, str] = field(default_factory=dict)
     """peer → why this node stopped trusting it (a misreported contribution, a mean its frames do not give)."""
     state: str = "starting"
+    """starting (joining, syncing), training, or stopped."""
     rounds_undone: int = 0
     """Rounds of a module undone because a reducer proven a liar reduced them or an earlier kept one
     (protocol/rounds/heal.py): their merged tokens are discarded."""
