@@ -117,17 +117,22 @@ async def _drain(writer: asyncio.StreamWriter, idle_s: float | None) -> None:
         raise WireError(f"stalled: the peer took nothing for {idle_s:g} s") from None
 
 
-async def _read_payload(reader: asyncio.StreamReader, n: int, idle_s: float | None) -> bytes:
+async def _read_payload(reader: asyncio.StreamReader, n: int, idle_s: float | None,
+                        traffic: Traffic | None) -> bytes:
     """n bytes; with `idle_s`, in chunks that must each arrive within that long (a slow link may take minutes for a
-    large payload, a dead one is found within idle_s)."""
+    large payload, a dead one is found within idle_s), each counted in `traffic` as it arrives (a progress display
+    follows a long download); without, counted by the caller once read."""
     if idle_s is None:
         return await reader.readexactly(n)
     out = bytearray()
     while len(out) < n:
         try:
-            out += await asyncio.wait_for(reader.read(min(READ_CHUNK, n - len(out))), idle_s)
+            chunk = await asyncio.wait_for(reader.read(min(READ_CHUNK, n - len(out))), idle_s)
         except TimeoutError:
             raise WireError(f"stalled: nothing for {idle_s:g} s after {len(out):,} of {n:,} bytes") from None
+        out += chunk
+        if traffic is not None:
+            traffic.add(received=len(chunk))
         if reader.at_eof() and len(out) < n:
             raise asyncio.IncompleteReadError(bytes(out), n)
     return bytes(out)
@@ -149,11 +154,11 @@ async def read_message(reader: asyncio.StreamReader, max_payload: int,
         raise WireError(f"payload of {payload_len} bytes exceeds the limit of {max_payload}")
     try:
         head = await reader.readexactly(head_len)
-        payload = await _read_payload(reader, payload_len, idle_s) if payload_len else b""
+        payload = await _read_payload(reader, payload_len, idle_s, traffic) if payload_len else b""
     except asyncio.IncompleteReadError as e:
         raise WireError("message truncated") from e
-    if traffic is not None:
-        traffic.add(received=_PREFIX.size + head_len + payload_len)
+    if traffic is not None:  # the payload read in chunks (idle_s) was counted as it came
+        traffic.add(received=_PREFIX.size + head_len + (0 if idle_s is not None else payload_len))
     try:
         header = json.loads(head)
     # RecursionError: a header of nested brackets ('[' * 16384 fits in MAX_HEADER_BYTES) exhausts json's stack.

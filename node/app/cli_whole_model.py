@@ -12,7 +12,14 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 
 from pathswarm.node.app.cli_common import friendly
@@ -54,24 +61,35 @@ def pull(spec_path: str | None, join_id: str | None, initial_peers: tuple[str, .
     if not initial_peers:
         raise click.UsageError("--initial-peer is required: the address of any peer of the swarm")
     ident, token = resolve_identity(identity, membership_file, spec)
+    from pathswarm.node.model.model import count_module_params
     from pathswarm.node.peer.pull import pull_model
 
     console = Console(stderr=True, soft_wrap=True)  # one line per module, also in a log file
     t0 = time.monotonic()
-    total = len(spec.all_module_ids())
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    sizes = {mid: 8 * n for mid, n in count_module_params(spec).items()}  # anchor and momentum, fp32
+    total, done = sum(sizes.values()), {"modules": 0}
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task(f"pulling swarm {spec.name} ({spec.swarm_id[:12]}…)", total=total)
+        what = f"swarm {spec.name} ({spec.swarm_id[:12]}…)"
+        task = progress.add_task(f"{what}: 0/{len(sizes)} modules", total=total)
+
+        def on_bytes(n: int) -> None:
+            progress.advance(task, n)
 
         def on_module(p) -> None:
-            progress.advance(task)
+            done["modules"] += 1
+            if not p.bytes:  # kept from an interrupted pull: nothing downloaded now
+                progress.advance(task, sizes[p.module])
+            progress.update(task, description=f"{what}: {done['modules']}/{len(sizes)} modules")
             where = (f"{p.vouchers} of {p.counted} holders vouch, from {p.source}, {fmt_bytes(p.bytes)} in "
                      f"{p.seconds:.1f} s") if p.bytes else p.source
             progress.console.print(f"{p.module}: round {p.round} ({p.digest[:12]}), {where}", highlight=False)
 
         round_dir, _ = pull_model(spec, initial_peers, out_dir, identity=ident, membership=token,
-                                  patience_s=patience_s, on_module=on_module)
-    console.print(f"whole model in {out_dir} ({round_dir.name}, {total} modules) in {time.monotonic() - t0:.1f} s")
+                                  patience_s=patience_s, on_module=on_module, on_bytes=on_bytes)
+    console.print(f"whole model in {out_dir} ({round_dir.name}, {len(sizes)} modules, {fmt_bytes(total)}) in "
+                  f"{time.monotonic() - t0:.1f} s")
     _next_steps(out_dir)
 
 

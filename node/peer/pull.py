@@ -15,6 +15,7 @@ those (each checked against its digest) and downloads the rest. The whole model 
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import shutil
@@ -43,6 +44,7 @@ from pathswarm.protocol.swarm_view import counted_once
 logger = logging.getLogger(__name__)
 
 STAGING = ".pull"
+PROGRESS_S = 0.25  # how often a download in progress reports the bytes that arrived
 
 
 class PullError(ValueError):
@@ -116,9 +118,11 @@ class Staging:
 
 def pull_model(spec: SwarmSpec, initial_peers: tuple[str, ...], out_dir: str | Path, *, identity: str = "",
                membership: str = "", patience_s: float | None = None,
-               on_module: Callable[[Pulled], None] = lambda p: None) -> tuple[Path, list[Pulled]]:
+               on_module: Callable[[Pulled], None] = lambda p: None,
+               on_bytes: Callable[[int], None] = lambda n: None) -> tuple[Path, list[Pulled]]:
     """Pull every module of the swarm into a whole model at `out_dir` (module docstring); returns its round directory
-    and what was accepted per module. PullError when a module cannot be had (those accepted stay staged)."""
+    and what was accepted per module. PullError when a module cannot be had (those accepted stay staged).
+    `on_bytes(n)`: n more bytes of state arrived (a progress display; a failed attempt's bytes count too)."""
     from pathswarm.protocol.net import start_net
 
     out = Path(out_dir)
@@ -143,7 +147,7 @@ def pull_model(spec: SwarmSpec, initial_peers: tuple[str, ...], out_dir: str | P
             numels = count_module_params(spec)
             exchange = ModuleExchange(spec, streams, net.peer_id, numels, lambda mid: None, membership=membership)
             read_revocations(net, spec)  # a private swarm: revoked peers' records no longer count
-            puller = _Puller(spec, net, loop, exchange, staging)
+            puller = _Puller(spec, net, loop, exchange, staging, on_bytes)
             failed = puller.pull(wanted, patience, modules, pulled, on_module)
             tokens_trained = sum(m.tokens_trained for m in counted_once(read_metrics(net, spec)))
         finally:
@@ -161,9 +165,30 @@ def pull_model(spec: SwarmSpec, initial_peers: tuple[str, ...], out_dir: str | P
 
 
 class _Puller:
-    def __init__(self, spec: SwarmSpec, net, loop: NetLoop, exchange: ModuleExchange, staging: Staging):
+    def __init__(self, spec: SwarmSpec, net, loop: NetLoop, exchange: ModuleExchange, staging: Staging,
+                 on_bytes: Callable[[int], None]):
         self.spec, self.net, self.loop, self.exchange, self.staging = spec, net, loop, exchange, staging
-        self.me = net.peer_id
+        self.me, self.on_bytes = net.peer_id, on_bytes
+
+    def _download(self, coro, wait_s: float) -> OuterState | None:
+        """Run a state download on the network loop, telling `on_bytes` what arrives every PROGRESS_S."""
+        future = self.loop.submit(coro)
+        deadline, seen = time.monotonic() + wait_s, self.exchange.traffic.received
+        try:
+            while True:
+                try:
+                    return future.result(PROGRESS_S)
+                except concurrent.futures.TimeoutError:
+                    if time.monotonic() > deadline:
+                        future.cancel()
+                        return None
+                finally:
+                    now = self.exchange.traffic.received
+                    if now > seen:
+                        self.on_bytes(now - seen)
+                        seen = now
+        except concurrent.futures.CancelledError:
+            return None
 
     def pull(self, wanted: list[str], patience_s: float, modules: dict[str, ModuleState], pulled: dict[str, Pulled],
              on_module: Callable[[Pulled], None]) -> list[str]:
@@ -223,11 +248,11 @@ class _Puller:
         state: OuterState | None = None
         source = ""
         if len(servers) >= 2:
-            state = self.loop.run(self.exchange.fetch_state_parts(servers, mid, timeout_s, got.round, got.digest),
-                                  wait_s)
+            state = self._download(self.exchange.fetch_state_parts(servers, mid, timeout_s, got.round, got.digest),
+                                   wait_s)
             source = f"{len(servers)} holders in parts"
         for peer in servers if state is None else ():
-            state = self.loop.run(self.exchange.fetch_state(peer, mid, timeout_s, got.round), wait_s)
+            state = self._download(self.exchange.fetch_state(peer, mid, timeout_s, got.round), wait_s)
             source = f"peer …{peer[-8:]}"
             if state is not None and (state.round, state.digest()) == (got.round, got.digest):
                 break

@@ -66,3 +66,29 @@ def test_a_transfer_deadline_grows_with_its_size():
     # its deadline allows it at 1 Mbit/s
     assert transfer_deadline_s(20.0, 204_000_000) == pytest.approx(20.0 + 204_000_000 / FLOOR_BYTES_PER_S)
     assert transfer_deadline_s(20.0, 204_000_000) > 204_000_000 / 2_500_000
+
+
+def test_a_chunked_read_counts_its_bytes_as_they_come_and_once():
+    from pathswarm.protocol.wire import Traffic
+
+    async def go():
+        reader, traffic = asyncio.StreamReader(), Traffic()
+        seen = []
+
+        async def watch():
+            while True:
+                seen.append(traffic.received)
+                await asyncio.sleep(0.01)
+
+        watching = asyncio.create_task(watch())
+        feeding = asyncio.create_task(trickle(reader, message(PAYLOAD), 10, 0.03, None))
+        try:
+            await read_message(reader, len(PAYLOAD), traffic, idle_s=1.0)
+        finally:
+            watching.cancel()
+            feeding.cancel()
+        return traffic.received, seen
+
+    received, seen = asyncio.run(go())
+    assert received == len(message(PAYLOAD))  # every byte once
+    assert any(0 < s < len(PAYLOAD) for s in seen)  # a progress display saw it grow mid-message
