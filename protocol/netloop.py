@@ -11,7 +11,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -39,15 +39,18 @@ class NetLoop:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None,
-            stop: threading.Event | None = None) -> T:
+            stop: threading.Event | None = None, tick: Callable[[], None] | None = None) -> T:
         """The coroutine's result (concurrent.futures.TimeoutError after timeout_s). With `stop`: Interrupted as soon
-        as it is set, the coroutine cancelled (a node asked to stop does not wait out a 20-s state download)."""
+        as it is set, the coroutine cancelled (a node asked to stop does not wait out a 20-s state download); `tick`:
+        called about every STOP_POLL_S while it waits (progress of a long download)."""
         future = self.submit(coro)
-        if stop is None:
+        if stop is None and tick is None:
             return future.result(timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            if stop.is_set():
+            if tick is not None:
+                tick()
+            if stop is not None and stop.is_set():
                 future.cancel()
                 raise Interrupted("stopping")
             step = STOP_POLL_S if deadline is None else min(STOP_POLL_S, max(0.0, deadline - time.monotonic()))

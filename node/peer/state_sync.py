@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from pathswarm.logs import human_bytes
 from pathswarm.node.model.model import unflatten_like
 from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.peer.resyncs import Resyncs
@@ -26,6 +27,9 @@ from pathswarm.protocol.rounds.state_parts import transfer_deadline_s
 from pathswarm.protocol.spec import SwarmSpec
 
 logger = logging.getLogger(__name__)
+
+PROGRESS_LOG_S = 10.0
+"""How often a state download in progress logs how far it got."""
 
 
 class StateSync:
@@ -251,7 +255,7 @@ class StateSync:
             return False
         timeout_s = self.spec.averaging.timeout_s
         got = self.net.run(self.exchange.fetch_state(peer, mid, timeout_s, expect.round if expect else -1),
-                           self._deadline_s(mid), stop=self.stop)
+                           self._deadline_s(mid), stop=self.stop, tick=self._progress(mid, f"peer {peer[-8:]}"))
         return got is not None and self._adopt(mid, got, peer[-8:], keep_progress, expect)
 
     def download_parts(self, mid: str, expect: Vouched, keep_progress: bool = False) -> bool:
@@ -263,11 +267,30 @@ class StateSync:
             return False
         timeout_s = self.spec.averaging.timeout_s
         got = self.net.run(self.exchange.fetch_state_parts(servers, mid, timeout_s, expect.round, expect.digest),
-                           self._deadline_s(mid), stop=self.stop)
+                           self._deadline_s(mid), stop=self.stop, tick=self._progress(mid, f"{len(servers)} holders"))
         if got is None:
             logger.info("state of %s in parts from %d holders failed; downloading it whole", mid, len(servers))
             return False
         return self._adopt(mid, got, f"{len(servers)} holders", keep_progress, expect)
+
+    def _progress(self, mid: str, source: str) -> Callable[[], None]:
+        """A download's progress line every PROGRESS_LOG_S (a large state over a home link takes minutes; the log
+        said nothing meanwhile). Counted from what the exchange receives, which is mostly this download then."""
+        total = 8 * self.worker.outer[mid].anchor.numel()
+        first = self.exchange.traffic.received
+        last = (time.monotonic(), first)
+
+        def tick() -> None:
+            nonlocal last
+            now, received = time.monotonic(), self.exchange.traffic.received
+            if now - last[0] < PROGRESS_LOG_S:
+                return
+            logger.info("state of %s from %s: %s of %s so far (%s/s)", mid, source,
+                        human_bytes(min(received - first, total)), human_bytes(total),
+                        human_bytes((received - last[1]) / (now - last[0])))
+            last = (now, received)
+
+        return tick
 
     def _deadline_s(self, mid: str) -> float:
         """How long a download of `mid` is waited for: the whole state at the slowest rate waited for (the transfer

@@ -191,3 +191,19 @@ def test_peers_we_merged_with_count_while_they_still_claim_the_module():
     stale, live = A("dead", 40, "d40"), [A("b", 52, "d52", "", ((51, "d51", ""),)), A("c", 52, "d52")]
     assert vouched_state([stale, *live], "me", 40, counted_peers({"dead"}, {"b", "c"}, "me")).round == 52
     assert counted_peers({"dead", "me"}, {"me"}, "me") == {"dead"}  # nobody claims it: what we knew is all there is
+
+
+def test_a_long_download_logs_how_far_it_got(sync, monkeypatch, caplog):
+    import logging
+
+    from pathswarm.node.peer import state_sync
+
+    monkeypatch.setattr(state_sync, "PROGRESS_LOG_S", 0.0)
+    tick = sync._progress("shared", "peer abcdefgh")
+    sync.exchange.traffic.add(received=1_500_000)
+    with caplog.at_level(logging.INFO, logger="pathswarm.node.peer.state_sync"):
+        tick()
+    total = 8 * sync.worker.outer["shared"].anchor.numel()
+    line = caplog.records[-1].getMessage()
+    assert line.startswith("state of shared from peer abcdefgh: ") and "so far" in line
+    assert f"of {state_sync.human_bytes(total)}" in line and state_sync.human_bytes(min(1_500_000, total)) in line
