@@ -40,11 +40,11 @@ from _swarm_common import arguments, machine, read_json, save_plot, write_json
 from pathswarm.compression import CodecError
 from pathswarm.node.app.fmt import subplots
 from pathswarm.node.model.data import load_documents, split
-from pathswarm.node.train import round as round_rule
 from pathswarm.node.train.simulate import SimConfig
-from pathswarm.protocol.spec import CodecSpec, DataSpec
+from pathswarm.protocol.spec import CodecSpec, DataSpec, OuterOptSpec
 
 GOAL_BYTES, GOAL_LOSS, GOAL_TIME = 100.0, 0.01, 0.05
+GAP_ROUNDS = (30, 100, 300)  # issue 30: the gap to int8 at these round counts, to see its trend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +63,12 @@ class Float32Codec:
             raise CodecError(f"an fp32 frame of {len(data)} bytes for {max_elements} values")
         return torch.frombuffer(bytearray(data), dtype=torch.float32)
 
+    def encode(self, tensor: torch.Tensor) -> bytes:
+        return self.encode_values(tensor.reshape(-1), tuple(tensor.shape), tensor.dtype)[0]
+
+    def max_frame_bytes(self, numel: int) -> int:
+        return 4 * numel
+
 
 def codecs(chunk: int, bits: int, mean_bits: int) -> dict[str, CodecSpec | None]:
     """Every arm's codec: fp32, int8, sparse at k = 1 / 3 / 10 % of each chunk (`[codec] feedback` auto: what a
@@ -77,20 +83,42 @@ def codecs(chunk: int, bits: int, mean_bits: int) -> dict[str, CodecSpec | None]
             "sparse k=10% 4-bit": sparse(10, 4), f"sparse k=1% {bits}-bit buffer": sparse(1, bits, "buffer")}
 
 
+def sparseloco_arms(chunk: int, bits: int, percents: list[float], betas: list[float],
+                    lrs: list[float]) -> dict[str, tuple[CodecSpec, OuterOptSpec]]:
+    """SparseLoCo's arms (issue 30: `[outer] kind = "sparseloco"`): per-chunk top-k of the decaying error-feedback
+    buffer at `bits`, the mean as sparse (its top-k per chunk at the same bits: the downlink costs the uplink), a
+    plain outer step of lr; one more arm per density with the mean as the union of the contributions at 8 bits (what
+    that cheap downlink costs in loss)."""
+    out = {}
+    for p in percents:
+        k = max(1, round(p / 100 * chunk))
+        codec = CodecSpec(kind="sparse", chunk_size=chunk, value_bits=bits, mean_bits=bits, k_per_chunk=k,
+                          mean_k_per_chunk=k, feedback="buffer")
+        for beta in betas:
+            for lr in lrs:
+                out[f"sparseloco k={p:g}% b={beta:g} lr={lr:g}"] = (codec, OuterOptSpec(kind="sparseloco", beta=beta,
+                                                                                       lr=lr))
+        mid_beta, mid_lr = betas[len(betas) // 2], lrs[len(lrs) // 2]
+        union = dataclasses.replace(codec, mean_k_per_chunk=0, mean_bits=8)
+        out[f"sparseloco k={p:g}% b={mid_beta:g} lr={mid_lr:g} union-mean"] = (
+            union, OuterOptSpec(kind="sparseloco", beta=mid_beta, lr=mid_lr))
+    return out
+
+
 DIPACO_ARMS = ("fp32", "int8", "sparse k=1% 2-bit", "sparse k=3% 2-bit", "sparse k=10% 2-bit")
 """The DiPaCo experiment's arms by default (each costs ~6 min on one core)."""
 
 
-_ROUND_RULE_CODECS = (round_rule.contribution_codec, round_rule.mean_codec)
+_SPEC_CODECS = (CodecSpec.contribution_codec, CodecSpec.mean_codec)
 
 
 def _use_codec(codec: CodecSpec | None):
-    """The spec's codec, or (None) the fp32 arm: the round rule's codec choice is replaced in this process (and
-    put back for the next arm a pool process runs)."""
-    round_rule.contribution_codec, round_rule.mean_codec = _ROUND_RULE_CODECS
+    """The spec's codec, or (None) the fp32 arm: which codec a `CodecSpec` hands the round rule is replaced in this
+    process (and put back for the next arm a pool process runs)."""
+    CodecSpec.contribution_codec, CodecSpec.mean_codec = _SPEC_CODECS  # type: ignore[method-assign]
     if codec is None:
         raw = Float32Codec()
-        round_rule.contribution_codec = round_rule.mean_codec = lambda _spec: raw
+        CodecSpec.contribution_codec = CodecSpec.mean_codec = lambda _spec: raw  # type: ignore[method-assign]
         return CodecSpec()
     return codec
 
@@ -98,11 +126,12 @@ def _use_codec(codec: CodecSpec | None):
 def _job(job: dict) -> dict:
     torch.set_num_threads(1)
     codec = _use_codec(job["codec"])
+    outer = job.get("outer")  # SparseLoCo's arms: its outer step (else the setup's Nesterov)
     a = job["args"]
     t0 = time.perf_counter()
     if job["experiment"] == "diloco":
         docs, spec, final_batches = diloco.setup(a)
-        spec = spec.replace(codec=codec)
+        spec = spec.replace(codec=codec, **({"outer": outer} if outer else {}))
         arm = diloco.run_arm(spec, docs, "diloco", diloco.WORKERS, a["h"], a["total_steps"], a["h"], 8,
                              final_batches, a["seed"])
         rounds = arm["communication_rounds"]
@@ -110,8 +139,8 @@ def _job(job: dict) -> dict:
         docs = load_documents(DataSpec(corpus="bbc"))
         random.Random(0).shuffle(docs)  # as dipaco_vs_dense.py: the same documents, the same router
         settings = SimpleNamespace(width=a["width"], context_len=a["context_len"], batch_size=a["batch_size"],
-                                   inner_steps=a["h"])
-        spec = dipaco.make_spec(docs, (2, 2), 1, settings).replace(codec=codec)
+                                   inner_steps=a["h"], outer_lr=OuterOptSpec().lr)
+        spec = dipaco.make_spec(docs, (2, 2), 1, settings).replace(codec=codec, **({"outer": outer} if outer else {}))
         _, val = split(docs, spec.data.val_fraction)
         cfg = SimConfig(mode="dipaco", rounds=a["dipaco_rounds"], inner_steps=a["h"], seed=a["seed"], eval_batches=4)
         arm = dipaco.run_arm(job["name"], spec, cfg, docs, dipaco.eval_groups(spec, val), True)
@@ -119,6 +148,7 @@ def _job(job: dict) -> dict:
     loss = arm["final_val_loss"]
     out = {"experiment": job["experiment"], "arm": job["name"], "final_val_loss": loss,
            "codec": dataclasses.asdict(job["codec"]) if job["codec"] else "fp32",
+           "outer": dataclasses.asdict(spec.outer),
            "rounds": rounds, "bytes_total": arm["bytes_sent"], "bytes_up": arm["bytes_up"],
            "bytes_down": arm["bytes_down"], "inner_s": arm["inner_s"], "round_s": arm["round_s"],
            "round_time_vs_inner": arm["round_s"] / arm["inner_s"], "curve": arm["curve"],
@@ -164,6 +194,11 @@ def summarise(arms: list[dict]) -> dict:
                           "up_vs_fp32": fp32["bytes_up"] / a["bytes_up"] if fp32 else None,
                           "down_vs_fp32": fp32["bytes_down"] / a["bytes_down"] if fp32 else None,
                           "round_time_vs_inner": a["round_time_vs_inner"]})
+        # the gap to int8 + zstd at the same tokens, at a few round counts: how it moves as rounds go on
+        for t in table:
+            t["loss_vs_int8_at_round"] = {
+                str(r): rows[t["arm"]]["curve"][r]["val_loss"] / int8["curve"][r]["val_loss"]
+                for r in GAP_ROUNDS if int8 and len(rows[t["arm"]]["curve"]) > r and len(int8["curve"]) > r}
         meeting = [t for t in table if t["bytes_vs_fp32"] and t["loss_vs_int8"]
                    and t["bytes_vs_fp32"] >= GOAL_BYTES and t["loss_vs_int8"] <= 1 + GOAL_LOSS]
         sparse = [t for t in table if t["arm"].startswith("sparse")]
@@ -207,16 +242,31 @@ def main() -> None:
     ap.add_argument("--live-h", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2, help="DiLoCo: layers of its one path")
+    ap.add_argument("--context-len", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--sparseloco", action="store_true",
+                    help="add SparseLoCo's arms (issue 30): --loco-percents × --loco-betas × --loco-lrs")
+    ap.add_argument("--loco-percents", default="1,3")
+    ap.add_argument("--loco-betas", default="0.9,0.95,0.99")
+    ap.add_argument("--loco-lrs", default="0.5,1,2")
     args = ap.parse_args()
     if args.replot:
         return plot(read_json(args.json), Path(args.plot))
-    a = dict(width=64, layers=2, context_len=64, batch_size=8, lr=3e-3, total_steps=args.total_steps,
-             eval_every=args.h, eval_batches=8, final_batches=256, h=args.h, seed=args.seed,
-             dipaco_rounds=args.dipaco_rounds)
+    a = dict(width=args.width, layers=args.layers, context_len=args.context_len, batch_size=args.batch_size,
+             lr=3e-3, total_steps=args.total_steps, eval_every=args.h, eval_batches=8, final_batches=256, h=args.h,
+             seed=args.seed, dipaco_rounds=args.dipaco_rounds)
     specs = codecs(args.chunk, args.bits, args.mean_bits)
     chosen = [n for n in specs if not args.arms or n in args.arms.split(",")]
     jobs = [{"experiment": e, "name": n, "codec": specs[n], "args": a} for e in args.experiments.split(",")
             for n in chosen if e == "diloco" or args.arms or n in DIPACO_ARMS]
+    if args.sparseloco:
+        floats = lambda text: [float(v) for v in text.split(",")]  # noqa: E731
+        loco = sparseloco_arms(args.chunk, args.bits, floats(args.loco_percents), floats(args.loco_betas),
+                               floats(args.loco_lrs))
+        jobs += [{"experiment": e, "name": n, "codec": c, "outer": o, "args": a}
+                 for e in args.experiments.split(",") for n, (c, o) in loco.items()]
     t0 = time.perf_counter()
     with Pool(args.jobs, maxtasksperchild=1) as pool:
         arms = pool.map(_job, jobs, chunksize=1)

@@ -19,11 +19,14 @@ class ErrorFeedback:
     def __init__(self) -> None:
         self.residual: torch.Tensor | None = None
         """float32, flat: what the last frame left out; None before the first round."""
+        self.last_norm = 0.0
+        """The norm of what the last frame encoded (the outer gradient plus the decayed residual)."""
 
-    def encode(self, tensor: torch.Tensor, codec: Codec) -> bytes:
-        """Encode tensor + residual with `codec` (any kind, compression/registry.py) and keep the new residual:
-        what was sent minus what the codec says a peer will decode (for the sparse codec, every entry not sent this
-        round, whole, and the rounding of those sent).
+    def encode(self, tensor: torch.Tensor, codec: Codec, decay: float = 1.0) -> bytes:
+        """Encode tensor + decay · residual with `codec` (any kind, compression/registry.py) and keep the new
+        residual: what was sent minus what the codec says a peer will decode (for the sparse codec, every entry not
+        sent this round, whole, and the rounding of those sent). `decay` < 1 is SparseLoCo's error feedback
+        (e ← decay·e + Δ: the buffer is the momentum). `last_norm` is then the norm of what the frame encoded.
 
         If encoding fails (NaN / Inf, bad arguments) the residual is left as it was."""
         codec.check(tensor)
@@ -32,7 +35,8 @@ class ErrorFeedback:
             if self.residual.numel() != compensated.numel():
                 raise ValueError(f"this ErrorFeedback holds a residual of {self.residual.numel()} values but got "
                                  f"a tensor of {compensated.numel()}: use one ErrorFeedback per module")
-            compensated.add_(self.residual)
+            compensated.add_(self.residual, alpha=decay)
+        self.last_norm = float(torch.linalg.vector_norm(compensated))
         frame, decoded = codec.encode_values(compensated, tuple(tensor.shape), tensor.dtype, want_decoded=True)
         if decoded is None:
             raise TypeError(f"{type(codec).__name__}.encode_values ignored want_decoded")

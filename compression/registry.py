@@ -78,8 +78,9 @@ class SparseCodec(Codec):
 
     @classmethod
     def for_mean(cls, spec: Any) -> SparseCodec:
-        # every non-zero entry (the union of the contributions' supports) at mean_bits
-        return cls(spec.chunk_size, None, spec.mean_bits, spec.zstd_level)
+        # every non-zero entry (the union of the contributions' supports) at mean_bits, or its largest
+        # mean_k_per_chunk per chunk (a downlink as cheap as the uplink)
+        return cls(spec.chunk_size, getattr(spec, "mean_k_per_chunk", 0) or None, spec.mean_bits, spec.zstd_level)
 
     def check(self, tensor: torch.Tensor) -> None:
         check_encode_args(tensor, DEFAULT_BLOCK_SIZE, self.zstd_level, 0.0, 0)  # type, dtype and rank

@@ -96,6 +96,10 @@ class SwarmSpec:
         self.data.validate()
         self.membership.validate()
         self.init.validate(len(self.all_module_ids()))
+        if self.outer.kind == "sparseloco":
+            require(self.codec.error_feedback and not self.codec.feedback_in_weights, "codec.feedback",
+                    'outer.kind "sparseloco" keeps what a frame did not carry in its decaying buffer: set '
+                    '[codec] error_feedback = true and feedback = "buffer"')
 
     def round_limit(self, now: float) -> int | None:
         """The latest outer round any module of this swarm can honestly be at, at unix time `now`: the swarm's age
@@ -158,6 +162,10 @@ class SwarmSpec:
             del out["created"]  # not stated: the id of a spec written before the field stays what it was
         if self.averaging.slices == 1:
             del out["averaging"]["slices"]  # the default, as before the field existed: the same id
+        if self.outer.kind == "nesterov":  # likewise: a spec from before SparseLoCo keeps its id
+            del out["outer"]["kind"], out["outer"]["beta"]
+        if self.codec.mean_k_per_chunk == 0:
+            del out["codec"]["mean_k_per_chunk"]
         return out
 
     def canonical_json(self) -> str:

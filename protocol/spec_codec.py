@@ -41,6 +41,9 @@ class CodecSpec:
     """sparse: bits per sent value of a contribution (a sign and value_bits − 1 bits of magnitude)."""
     mean_bits: int = 8
     """sparse: bits per value of a round's mean (every non-zero entry: the union of the contributions')."""
+    mean_k_per_chunk: int = 0
+    """sparse: entries of a round's mean sent per chunk, its largest (0: every non-zero entry, the union of the
+    contributions'). With k_per_chunk here (and mean_bits = value_bits) the downlink costs what the uplink does."""
     feedback: str = "auto"
     """Where a member keeps what its frame did not carry: "buffer" (a residual added to the next outer gradient;
     the local weights restart from the new anchor, as in DiLoCo and SparseLoCo), "weights" (it stays in the local
@@ -60,6 +63,8 @@ class CodecSpec:
         require(1 <= self.k_per_chunk <= self.chunk_size, "codec.k_per_chunk", "must be in 1..chunk_size")
         require(2 <= self.value_bits <= 8, "codec.value_bits", "must be in 2..8")
         require(2 <= self.mean_bits <= 8, "codec.mean_bits", "must be in 2..8")
+        require(0 <= self.mean_k_per_chunk <= self.chunk_size, "codec.mean_k_per_chunk",
+                "must be in 0..chunk_size (0: every non-zero entry)")
         require(self.feedback in ("auto", "buffer", "weights"), "codec.feedback", "must be auto, buffer or weights")
 
     @property

@@ -139,10 +139,20 @@ class InnerOptSpec:
         require(self.steps > 0, "inner.steps", "must be positive")
 
 
+OUTER_KINDS = ("nesterov", "sparseloco")
+
+
 @dataclass(frozen=True)
 class OuterOptSpec:
-    """Outer optimiser: Nesterov momentum on the averaged pseudo-gradient (DiLoCo)."""
+    """Outer optimiser: Nesterov momentum on the averaged pseudo-gradient (DiLoCo), or SparseLoCo's plain step."""
 
+    kind: str = "nesterov"
+    """"nesterov" (DiLoCo: Nesterov momentum on the round's mean), or "sparseloco" (SparseLoCo, arXiv 2508.15706: a
+    plain step of `lr` on the mean, no momentum; each member's error-feedback buffer, decayed by `beta` every round,
+    takes momentum's place: e ← beta·e + Δ, the frame carries top-k of e, e keeps the rest). sparseloco needs
+    `[codec] feedback = "buffer"`; warm-up rounds do not apply to it."""
+    beta: float = 0.95
+    """sparseloco: how much of a member's error-feedback buffer carries into the next round."""
     lr: float = 0.7
     """Outer learning rate."""
     momentum: float = 0.9
@@ -156,6 +166,8 @@ class OuterOptSpec:
     (benchmarks/diloco_vs_sync.py): final val loss 1.958 with 0, 1.921 with 3, 1.915 with 6, 1.931 with 10."""
 
     def validate(self) -> None:
+        require(self.kind in OUTER_KINDS, "outer.kind", f"must be one of {', '.join(OUTER_KINDS)}, got {self.kind!r}")
+        require(0 < self.beta <= 1, "outer.beta", "must be in (0, 1]")
         require(self.lr > 0, "outer.lr", "must be positive")
         require(0 <= self.momentum < 1, "outer.momentum", "must be in [0, 1)")
         require(self.warmup_rounds >= 0, "outer.warmup_rounds", "must be >= 0")

@@ -110,6 +110,8 @@ def save_partial(root: str | Path, spec: SwarmSpec, worker, bases: dict[str, tor
     for mid in worker.module_ids:
         st = worker.outer[mid]
         tensors[f"local.{mid}"] = worker.flat(mid).contiguous()
+        if (residual := worker.feedback[mid].residual) is not None:  # error feedback: what frames have not carried
+            tensors[f"feedback.{mid}"] = _cpu_own(residual.float())
         if not torch.equal(bases[mid], st.anchor):
             tensors[f"sent.{mid}"] = _cpu_own(bases[mid].float())
         anchors[mid] = [st.round, st.digest()]
@@ -185,6 +187,9 @@ def _weights(tensors: dict[str, torch.Tensor], anchors: dict, worker) -> dict[st
             raise PartialError(f"no usable progress for {mid}")
         local = local.reshape(-1)
         weights[mid] = local if sent is None else st.anchor + (local - sent.reshape(-1))
+        feedback = tensors.get(f"feedback.{mid}")
+        if feedback is not None and (feedback.numel() != n or not torch.isfinite(feedback).all()):
+            raise PartialError(f"error-feedback residual of {mid} does not fit")
     return weights
 
 
@@ -223,6 +228,8 @@ def load_partial(root: str | Path, spec: SwarmSpec, worker) -> Resumed:
     # Everything checked: only now change the worker.
     for mid, w in weights.items():
         worker.set_flat(mid, w)
+        if (feedback := tensors.get(f"feedback.{mid}")) is not None:
+            worker.feedback[mid].residual = feedback.float().reshape(-1).clone()
     for i, (s, state) in moments.items():
         p = params[i]
         # Moments come back in the parameter's dtype (AdamW) or as saved (AdamW8bit's uint8 states, fp32 maps).

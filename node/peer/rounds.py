@@ -23,6 +23,7 @@ from pathswarm.node.peer.flights import InFlight, UnitFlight, applied_parts, who
 from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.peer.resyncs import Resyncs
 from pathswarm.node.train.round import (
+    feedback_decay,
     make_slice_contributions,
     restore_feedback,
     settle,
@@ -95,7 +96,7 @@ class Rounds:
             units = units_of(mid, st.anchor.numel(),
                              slice_count(st.anchor.numel(), st.reducers, self.spec.averaging.slices))
             parts = make_slice_contributions(st, self.worker.flat(mid), self.worker.feedback[mid], self.spec.codec,
-                                             tokens + self.carry.pop(mid, 0), units)
+                                             tokens + self.carry.pop(mid, 0), units, feedback_decay(self.spec))
             flights = []
             for unit, sent in zip(units, parts, strict=True):
                 agreed = view(st, unit).reducers

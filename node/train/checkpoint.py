@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MOMENTUM_KEY = "__outer_momentum__"
+FEEDBACK_KEY = "__error_feedback__"
+"""The saving node's error-feedback residual of the module (what its frames have not carried yet: with SparseLoCo
+most of its unsent outer gradient), when it has one. Local to the node: not in the state's digest."""
 KEEP_ROUNDS = 2
 MAX_REDUCERS = 64  # reducer candidates a checkpoint or a peer may name (protocol/rounds/ bounds them too)
 
@@ -62,6 +65,8 @@ class ModuleState:
     round: int
     reducers: tuple[str, ...] = ()
     """Who reduces the next round, in failover order (see OuterState.reducers)."""
+    feedback: torch.Tensor | None = None
+    """This node's error-feedback residual of the module (flat fp32), or None (none yet, or a peer's state)."""
 
     def flat_weights(self) -> torch.Tensor:
         return torch.cat([self.weights[k].reshape(-1).float() for k in self.weights])
@@ -126,6 +131,8 @@ def _write_round(root: Path, spec: SwarmSpec, round_: int, modules: dict[str, Mo
     for mid, st in sorted(modules.items()):
         tensors = {k: v.detach().contiguous().clone() for k, v in st.weights.items()}
         tensors[MOMENTUM_KEY] = st.momentum.detach().contiguous().float().clone()
+        if st.feedback is not None:
+            tensors[FEEDBACK_KEY] = st.feedback.detach().contiguous().float().reshape(-1).clone()
         path = tmp / f"{mid}.safetensors"
         save_file(tensors, str(path), metadata={"module": mid, "round": str(st.round)})
         with open(path, "rb+") as f:
@@ -281,6 +288,7 @@ def _load_module(d: Path, spec: SwarmSpec, mid: str, entry: dict) -> ModuleState
     except Exception as e:  # safetensors raises several types for a damaged file
         raise CorruptCheckpointError(f"{path}: unreadable ({e})") from None
     momentum = tensors.pop(MOMENTUM_KEY, None)
+    feedback = tensors.pop(FEEDBACK_KEY, None)
     expected = new_module(spec, mid).state_dict()
     if set(tensors) != set(expected):
         raise CheckpointError(f"{path}: parameter names differ from the spec's module {mid}")
@@ -292,9 +300,11 @@ def _load_module(d: Path, spec: SwarmSpec, mid: str, entry: dict) -> ModuleState
     numel = sum(v.numel() for v in weights.values())
     if momentum is None or momentum.numel() != numel:
         raise CorruptCheckpointError(f"{path}: outer momentum missing or of the wrong size")
+    if feedback is not None and (feedback.numel() != numel or not torch.isfinite(feedback).all()):
+        raise CorruptCheckpointError(f"{path}: error-feedback residual of the wrong size or not finite")
     reducers = entry.get("reducers", [])
     if not (isinstance(reducers, list) and len(reducers) <= MAX_REDUCERS
             and all(isinstance(p, str) and 0 < len(p) <= 128 for p in reducers)):
         raise CorruptCheckpointError(f"{d}/manifest.json: module {mid}'s reducers must be a list of peer ids")
     return ModuleState(weights=weights, momentum=momentum.reshape(-1), round=int(entry.get("round", 0)),
-                       reducers=tuple(reducers))
+                       reducers=tuple(reducers), feedback=None if feedback is None else feedback.reshape(-1).float())

@@ -72,8 +72,9 @@ class Contribution:
 
 
 def make_contribution(state: OuterState, local: torch.Tensor, feedback: ErrorFeedback, codec: CodecSpec,
-                      tokens: int) -> Contribution:
-    """Encode Δ = anchor − local (with error feedback when the spec says so; `feedback` is updated)."""
+                      tokens: int, decay: float = 1.0) -> Contribution:
+    """Encode Δ = anchor − local (with error feedback when the spec says so, its residual decayed by `decay`:
+    SparseLoCo's β, `feedback_decay`; `feedback` is updated)."""
     if tokens <= 0:
         raise ValueError(f"a contribution needs a positive token count, got {tokens}")
     local = local.detach().to("cpu", torch.float32, copy=True)  # kept: the caller's tensor may change
@@ -81,6 +82,7 @@ def make_contribution(state: OuterState, local: torch.Tensor, feedback: ErrorFee
     before = feedback.state_dict()
     kind = codec.contribution_codec()
     unsent = None
+    delta_norm = float(torch.linalg.vector_norm(delta))
     if codec.feedback_in_weights:
         kind.check(delta)
         flat = delta.reshape(-1).contiguous()
@@ -88,12 +90,12 @@ def make_contribution(state: OuterState, local: torch.Tensor, feedback: ErrorFee
         assert decoded is not None  # asked for
         unsent = flat - decoded
     elif codec.error_feedback:
-        frame = feedback.encode(delta, codec=kind)
+        frame = feedback.encode(delta, codec=kind, decay=decay)
+        delta_norm = feedback.last_norm  # what the frame encodes: with a decaying buffer, far more than this Δ
     else:
         frame = encode_with(kind, delta)
     return Contribution(frame=frame, tokens=tokens, round=state.round, digest_before=state.digest(),
-                        local_when_sent=local, feedback_before=before,
-                        delta_norm=float(torch.linalg.vector_norm(delta)), unsent=unsent)
+                        local_when_sent=local, feedback_before=before, delta_norm=delta_norm, unsent=unsent)
 
 
 @dataclass(frozen=True)
@@ -166,12 +168,12 @@ def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, statu
 
 # ---- a round in slices (protocol/rounds/slices.py) ----------------------------------------------------------------
 def make_slice_contributions(state: OuterState, local: torch.Tensor, feedback: ErrorFeedback, codec: CodecSpec,
-                             tokens: int, units: Sequence[Unit]) -> list[Contribution]:
+                             tokens: int, units: Sequence[Unit], decay: float = 1.0) -> list[Contribution]:
     """One contribution per unit of the module's round: `make_contribution` itself for a whole module (K = 1); for
     slices, Δ = anchor − local computed once and each slice encoded on its own (with its part of the error-feedback
     residual, which is updated), each naming its slice's state (`view`) as the state it was taken from."""
     if len(units) == 1 and units[0].k == 1:
-        return [make_contribution(state, local, feedback, codec, tokens)]
+        return [make_contribution(state, local, feedback, codec, tokens, decay)]
     if tokens <= 0:
         raise ValueError(f"a contribution needs a positive token count, got {tokens}")
     local = local.detach().to("cpu", torch.float32, copy=True).reshape(-1)
@@ -191,7 +193,7 @@ def make_slice_contributions(state: OuterState, local: torch.Tensor, feedback: E
             slice_feedback = ErrorFeedback()
             if before is not None:
                 slice_feedback.residual = before[unit.lo:unit.hi].clone()
-            frame = slice_feedback.encode(part, codec=kind)
+            frame = slice_feedback.encode(part, codec=kind, decay=decay)
             assert slice_feedback.residual is not None  # set by encode
             if residual is None:
                 residual = torch.zeros_like(delta)
@@ -201,7 +203,8 @@ def make_slice_contributions(state: OuterState, local: torch.Tensor, feedback: E
         out.append(Contribution(frame=frame, tokens=tokens, round=state.round,
                                 digest_before=view(state, unit).digest(), local_when_sent=local[unit.lo:unit.hi],
                                 feedback_before={} if before is None else {"residual": before[unit.lo:unit.hi]},
-                                delta_norm=float(torch.linalg.vector_norm(part)), unsent=unsent))
+                                delta_norm=slice_feedback.last_norm if codec.error_feedback and unsent is None
+                                else float(torch.linalg.vector_norm(part)), unsent=unsent))
     if codec.error_feedback and not codec.feedback_in_weights:
         feedback.residual = residual
     return out
@@ -280,3 +283,9 @@ def restore_feedback(feedback: ErrorFeedback, units: Sequence[Unit], sent: Seque
     for unit in restore:
         before = by_unit[unit].feedback_before.get("residual")
         feedback.residual[unit.lo:unit.hi] = 0.0 if before is None else before
+
+
+def feedback_decay(spec) -> float:
+    """How much of a member's error-feedback residual carries into its next outer gradient: SparseLoCo's β (the
+    buffer is its momentum), else all of it."""
+    return spec.outer.beta if spec.outer.kind == "sparseloco" else 1.0

@@ -29,7 +29,13 @@ from pathswarm.node.model.model import PathModel, build_path
 from pathswarm.node.model.router import documents_by_path
 from pathswarm.node.train.checkpoint import ModuleState, save_checkpoint
 from pathswarm.node.train.inner import evaluate_loss, make_inner_optimizer, set_warmup_lr
-from pathswarm.node.train.round import make_slice_contributions, restore_feedback, settle, settle_slices
+from pathswarm.node.train.round import (
+    feedback_decay,
+    make_slice_contributions,
+    restore_feedback,
+    settle,
+    settle_slices,
+)
 from pathswarm.node.train.warm_start import check_init
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.rounds.outer import OuterState
@@ -272,7 +278,7 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
     for w in holders:
         tokens[w.name] = w.round_tokens + carry.pop((w.name, mid), 0)
         sent[w.name] = make_slice_contributions(w.outer[mid], w.flat(mid), w.feedback[mid], spec.codec,
-                                                tokens[w.name], units)
+                                                tokens[w.name], units, feedback_decay(spec))
     names = sorted(sent)
     own_norm = {name: math.sqrt(sum(c.delta_norm ** 2 for c in parts)) for name, parts in sent.items()}
     agreed = first.reducers if set(first.reducers) == set(names) else tuple(names)

@@ -84,7 +84,9 @@ class PathWorker:
         """The module at its last complete outer round (anchor, not the in-flight local weights)."""
         st = self.outer[mid]
         weights = unflatten_like(self.model.module(mid).state_dict(), st.anchor)
-        return ModuleState(weights=weights, momentum=st.momentum.clone(), round=st.round, reducers=st.reducers)
+        residual = self.feedback[mid].residual
+        return ModuleState(weights=weights, momentum=st.momentum.clone(), round=st.round, reducers=st.reducers,
+                           feedback=None if residual is None else residual.clone())
 
     def restore(self, mid: str, state: ModuleState) -> None:
         """Adopt a module state (from a checkpoint or a peer): anchor, momentum, round, local weights."""
@@ -95,4 +97,6 @@ class PathWorker:
         self.outer[mid] = OuterState(anchor=anchor.clone(), momentum=state.momentum.float().clone(), round=state.round,
                                      reducers=tuple(state.reducers))
         self.set_flat(mid, anchor)
+        if state.feedback is not None:  # our own checkpoint's: what our frames had not carried yet
+            self.feedback[mid].residual = state.feedback.float().reshape(-1).clone()
 

@@ -37,6 +37,9 @@ def nesterov_step(anchor: torch.Tensor, momentum: torch.Tensor, grad: torch.Tens
     round before the step (a round below cfg.warmup_rounds is plain averaging; None: always the Nesterov step)."""
     if not (anchor.shape == momentum.shape == grad.shape):
         raise ValueError("anchor, momentum and outer gradient must have the same shape")
+    if cfg.kind == "sparseloco":  # a plain step: the members' decaying error feedback is the momentum
+        anchor.sub_(grad, alpha=cfg.lr)
+        return
     if round_ is not None and round_ < cfg.warmup_rounds:
         anchor.sub_(grad)
         return
