@@ -135,6 +135,15 @@ def _parse_levels(text: str) -> tuple[int, ...]:
               help="Cut each module's outer round into up to this many slices, each reduced by another member, so "
                    "that no node's traffic grows with the group (1: one reducer per module and round). For a swarm "
                    "of many nodes on home links: 16 (docs/HOW_IT_WORKS.md, 'Many nodes').")
+@click.option("--outer", "outer_kind", type=click.Choice(["nesterov", "sparseloco"]), default="nesterov",
+              show_default=True,
+              help="nesterov: DiLoCo's outer Nesterov on int8 + zstd outer gradients. sparseloco: SparseLoCo (arXiv "
+                   "2508.15706): each member sends the top --sparse-percent of its decaying error-feedback buffer at "
+                   "2 bits, the mean comes back as sparse, a plain outer step (docs/BENCHMARKS.md, 'SparseLoCo').")
+@click.option("--sparse-percent", type=click.FloatRange(0.01, 100), default=1.0, show_default=True,
+              help="With --outer sparseloco: the share of each chunk of values a frame carries.")
+@click.option("--beta", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True,
+              help="With --outer sparseloco: how much of the error-feedback buffer carries into the next round.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--warm-start-steps", type=click.IntRange(min=0), default=0, show_default=True,
               help="Train the whole model this many steps on this machine before publishing it: round 0 becomes "
@@ -156,9 +165,9 @@ def _parse_levels(text: str) -> tuple[int, ...]:
 @friendly
 def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, width: int, base_width: int, heads: int,
                layers_per_module: int, context_len: int, inner_steps: int | None, outer_lr: float | None,
-               inner_lr: float, name: str, seed: int, slices: int,
-               force: bool, warm_start_steps: int, warm_start_batch: int, init_dir: str | None, private: bool,
-               owner_key: str | None, passphrase: bool) -> None:
+               inner_lr: float, name: str, seed: int, slices: int, outer_kind: str, sparse_percent: float,
+               beta: float, force: bool, warm_start_steps: int, warm_start_batch: int, init_dir: str | None,
+               private: bool, owner_key: str | None, passphrase: bool) -> None:
     """Define a new swarm: build a spec, fit the document router, print paths and routing.
 
     The spec records when it was written (`created`): peers refuse round numbers later than the swarm's age allows.
@@ -174,7 +183,7 @@ def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, widt
     if warm_start_steps and init_out.exists() and any(init_out.iterdir()) and not force:
         raise click.UsageError(f"{init_out} exists and is not empty; pass --force to overwrite it")
     data = DataSpec(corpus="dir", path=str(Path(data_dir).resolve())) if data_dir else DataSpec(corpus=corpus)
-    from pathswarm.node.app.swarm_init import round_defaults
+    from pathswarm.node.app.swarm_init import SPARSELOCO_LR, round_defaults, sparseloco_sections
 
     parsed_levels = _parse_levels(levels)
     default_h, default_outer_lr = round_defaults(parsed_levels)
@@ -184,6 +193,10 @@ def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, widt
                         context_len=context_len, seed=seed),
         router=RouterSpec(seed=seed), inner=InnerOptSpec(steps=inner_steps or default_h, lr=inner_lr),
         outer=OuterOptSpec(lr=outer_lr or default_outer_lr), data=data, averaging=AveragingSpec(slices=slices))
+    if outer_kind == "sparseloco":
+        base = base.replace(**sparseloco_sections(sparse_percent, beta, outer_lr or SPARSELOCO_LR))
+    elif sparse_percent != 1.0 or beta != 0.95:
+        raise click.UsageError("--sparse-percent and --beta go with --outer sparseloco")
     if (owner_key or passphrase) and not private:
         raise click.UsageError("--owner-key and --passphrase go with --private")
     from pathswarm.node.app.swarm_init import format_init_report, init_spec

@@ -16,7 +16,7 @@ from pathswarm.node.app.fmt import count
 from pathswarm.node.model.data import Document, split
 from pathswarm.node.model.model import count_module_params
 from pathswarm.node.model.router import assignment_table, fit_router
-from pathswarm.protocol.spec import SwarmSpec, format_path
+from pathswarm.protocol.spec import CodecSpec, OuterOptSpec, SwarmSpec, format_path
 
 log = logging.getLogger(__name__)
 
@@ -98,3 +98,17 @@ def format_init_report(spec: SwarmSpec, docs: Sequence[Document]) -> str:
         if len(shown) < len(labels):
             out.append(f"({len(labels) - len(shown)} less common labels not shown)")
     return "\n".join(out) + "\n"
+
+
+SPARSELOCO_LR = 1.0
+"""SparseLoCo's outer learning rate by default (benchmarks/sparse_vs_int8.py --sparseloco, docs/BENCHMARKS.md)."""
+
+
+def sparseloco_sections(percent: float, beta: float, lr: float) -> dict:
+    """The spec sections of a SparseLoCo swarm: the sparse codec at `percent` of each chunk and 2 bits both ways (the
+    mean's top-k too), its residual in a buffer that decays by `beta` a round, a plain outer step of `lr`."""
+    chunk = CodecSpec().chunk_size
+    k = max(1, round(percent / 100 * chunk))
+    return {"codec": CodecSpec(kind="sparse", k_per_chunk=k, value_bits=2, mean_k_per_chunk=k, mean_bits=2,
+                               feedback="buffer"),
+            "outer": OuterOptSpec(kind="sparseloco", beta=beta, lr=lr)}

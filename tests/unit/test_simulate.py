@@ -136,3 +136,22 @@ def test_swarm_init_picks_the_measured_round_defaults_by_shape(tmp_path):
     assert load_spec(tmp_path / "1-0.toml").averaging.slices == 1
     res = runner.invoke(main, ["swarm", "init", "-o", str(tmp_path / "bad.toml"), *small, "--slices", "65"])
     assert res.exit_code == 2 and "1<=x<=64" in res.output, res.output
+
+
+def test_swarm_init_writes_a_sparseloco_swarm(tmp_path):
+    from pathswarm.protocol.spec import load_spec
+
+    runner = CliRunner()
+    small = ["--corpus", "synthetic", "--width", "32", "--base-width", "32", "--heads", "2",
+             "--layers-per-module", "1", "--context-len", "32"]
+    path = tmp_path / "loco.toml"
+    res = runner.invoke(main, ["swarm", "init", "-o", str(path), *small, "--outer", "sparseloco",
+                               "--sparse-percent", "3", "--beta", "0.9"])
+    assert res.exit_code == 0, res.output
+    spec = load_spec(path)
+    assert (spec.outer.kind, spec.outer.beta, spec.codec.kind, spec.codec.feedback) == (
+        "sparseloco", 0.9, "sparse", "buffer")
+    assert spec.codec.k_per_chunk == spec.codec.mean_k_per_chunk == round(0.03 * spec.codec.chunk_size)
+    assert spec.codec.value_bits == spec.codec.mean_bits == 2  # the downlink costs what the uplink does
+    res = runner.invoke(main, ["swarm", "init", "-o", str(tmp_path / "x.toml"), *small, "--beta", "0.9"])
+    assert res.exit_code == 2 and "go with --outer sparseloco" in res.output
