@@ -83,25 +83,31 @@ def codecs(chunk: int, bits: int, mean_bits: int) -> dict[str, CodecSpec | None]
             "sparse k=10% 4-bit": sparse(10, 4), f"sparse k=1% {bits}-bit buffer": sparse(1, bits, "buffer")}
 
 
-def sparseloco_arms(chunk: int, bits: int, percents: list[float], betas: list[float],
-                    lrs: list[float]) -> dict[str, tuple[CodecSpec, OuterOptSpec]]:
+def sparseloco_arms(chunk: int, bits: int, percents: list[float], betas: list[float], lrs: list[float],
+                    means: list[str]) -> dict[str, tuple[CodecSpec, OuterOptSpec]]:
     """SparseLoCo's arms (issue 30: `[outer] kind = "sparseloco"`): per-chunk top-k of the decaying error-feedback
-    buffer at `bits`, the mean as sparse (its top-k per chunk at the same bits: the downlink costs the uplink), a
-    plain outer step of lr; one more arm per density with the mean as the union of the contributions at 8 bits (what
-    that cheap downlink costs in loss)."""
+    buffer at `bits`, a plain outer step of lr. `means`: how the reducer sends the mean, each "MxB": its top M·k
+    entries per chunk at B bits ("1x2": as sparse as a contribution, the downlink costing the uplink), or with M = 0
+    every non-zero entry (the union of the contributions) at B bits. Every (percent, beta, lr, mean) is an arm, and
+    with "1x{bits}" among them one more arm per density with the union at 8 bits at the middle beta and lr."""
     out = {}
     for p in percents:
         k = max(1, round(p / 100 * chunk))
-        codec = CodecSpec(kind="sparse", chunk_size=chunk, value_bits=bits, mean_bits=bits, k_per_chunk=k,
-                          mean_k_per_chunk=k, feedback="buffer")
-        for beta in betas:
-            for lr in lrs:
-                out[f"sparseloco k={p:g}% b={beta:g} lr={lr:g}"] = (codec, OuterOptSpec(kind="sparseloco", beta=beta,
-                                                                                       lr=lr))
-        mid_beta, mid_lr = betas[len(betas) // 2], lrs[len(lrs) // 2]
-        union = dataclasses.replace(codec, mean_k_per_chunk=0, mean_bits=8)
-        out[f"sparseloco k={p:g}% b={mid_beta:g} lr={mid_lr:g} union-mean"] = (
-            union, OuterOptSpec(kind="sparseloco", beta=mid_beta, lr=mid_lr))
+        for mean in means:
+            mult, mean_bits = (int(v) for v in mean.split("x"))
+            codec = CodecSpec(kind="sparse", chunk_size=chunk, value_bits=bits, mean_bits=mean_bits, k_per_chunk=k,
+                              mean_k_per_chunk=min(chunk, mult * k), feedback="buffer")
+            tag = "" if mean == f"1x{bits}" else f" mean={mean}"
+            for beta in betas:
+                for lr in lrs:
+                    out[f"sparseloco k={p:g}% b={beta:g} lr={lr:g}{tag}"] = (
+                        codec, OuterOptSpec(kind="sparseloco", beta=beta, lr=lr))
+        if f"1x{bits}" in means:
+            mid_beta, mid_lr = betas[len(betas) // 2], lrs[len(lrs) // 2]
+            union = CodecSpec(kind="sparse", chunk_size=chunk, value_bits=bits, mean_bits=8, k_per_chunk=k,
+                              mean_k_per_chunk=0, feedback="buffer")
+            out[f"sparseloco k={p:g}% b={mid_beta:g} lr={mid_lr:g} union-mean"] = (
+                union, OuterOptSpec(kind="sparseloco", beta=mid_beta, lr=mid_lr))
     return out
 
 
@@ -212,19 +218,34 @@ def summarise(arms: list[dict]) -> dict:
 
 
 def plot(result: dict, path: Path) -> None:
+    """Loss against bytes per round, one panel per experiment: every arm a dot coloured by family, the baselines and
+    the arms on the Pareto front (no other arm both cheaper and better) labelled."""
     experiments = sorted(result["summary"])
-    fig, axes = subplots(1, len(experiments), figsize=(6 * len(experiments), 4.5))
+    fig, axes = subplots(1, len(experiments), figsize=(6.5 * len(experiments), 4.8))
     axes = axes if len(experiments) > 1 else [axes]
+    families = (("union", "tab:red", "SparseLoCo, union mean"), ("mean=", "tab:purple", "SparseLoCo, other means"),
+                ("sparseloco", "tab:blue", "SparseLoCo, top-k mean"), ("sparse", "tab:green", "sparse + Nesterov"),
+                ("", "black", "int8 / fp32"))
     for ax, exp in zip(axes, experiments, strict=True):
-        for t in result["summary"][exp]["table"]:
-            ax.scatter(t["bytes_per_round"], t["final_val_loss"], s=30)
-            ax.annotate(t["arm"], (t["bytes_per_round"], t["final_val_loss"]), fontsize=8,
-                        xytext=(4, 4), textcoords="offset points")
+        table = result["summary"][exp]["table"]
+        front = {t["arm"] for t in table if not any(
+            o["bytes_per_round"] <= t["bytes_per_round"] and o["final_val_loss"] < t["final_val_loss"]
+            for o in table if o is not t)}
+        seen = set()
+        for t in table:
+            key, colour, label = next(f for f in families if f[0] in t["arm"])
+            ax.scatter(t["bytes_per_round"], t["final_val_loss"], s=28, color=colour,
+                       label=None if label in seen else label)
+            seen.add(label)
+            if t["arm"] in front or t["arm"] in ("int8", "fp32"):
+                ax.annotate(t["arm"].replace("sparseloco ", ""), (t["bytes_per_round"], t["final_val_loss"]),
+                            fontsize=7, xytext=(4, 3), textcoords="offset points")
         ax.set_xscale("log")
         ax.set_xlabel("bytes per outer round, both directions (from frame sizes)")
-        ax.set_ylabel("final validation loss")
-        ax.set_title(f"{exp}: loss vs bytes on the wire")
+        ax.set_ylabel("final validation loss (nats/byte)")
+        ax.set_title(f"{exp}: loss vs bytes (labelled: baselines and the Pareto front)", fontsize=10)
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
     save_plot(fig, path)
 
 
@@ -251,6 +272,9 @@ def main() -> None:
     ap.add_argument("--loco-percents", default="1,3")
     ap.add_argument("--loco-betas", default="0.9,0.95,0.99")
     ap.add_argument("--loco-lrs", default="0.5,1,2")
+    ap.add_argument("--loco-means", default="1x2",
+                    help="how the mean travels, each MxB: top M·k per chunk at B bits, M = 0: the union (see "
+                         "`sparseloco_arms`)")
     args = ap.parse_args()
     if args.replot:
         return plot(read_json(args.json), Path(args.plot))
@@ -264,7 +288,7 @@ def main() -> None:
     if args.sparseloco:
         floats = lambda text: [float(v) for v in text.split(",")]  # noqa: E731
         loco = sparseloco_arms(args.chunk, args.bits, floats(args.loco_percents), floats(args.loco_betas),
-                               floats(args.loco_lrs))
+                               floats(args.loco_lrs), args.loco_means.split(","))
         jobs += [{"experiment": e, "name": n, "codec": c, "outer": o, "args": a}
                  for e in args.experiments.split(",") for n, (c, o) in loco.items()]
     t0 = time.perf_counter()

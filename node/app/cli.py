@@ -139,10 +139,11 @@ def _parse_levels(text: str) -> tuple[int, ...]:
               show_default=True,
               help="nesterov: DiLoCo's outer Nesterov on int8 + zstd outer gradients. sparseloco: SparseLoCo (arXiv "
                    "2508.15706): each member sends the top --sparse-percent of its decaying error-feedback buffer at "
-                   "2 bits, the mean comes back as sparse, a plain outer step (docs/BENCHMARKS.md, 'SparseLoCo').")
+                   "2 bits, the mean comes back at 3 bits, a plain outer step: ~100x fewer bytes than fp32 at int8's "
+                   "loss after some 300 rounds, behind it early on (docs/BENCHMARKS.md, 'SparseLoCo').")
 @click.option("--sparse-percent", type=click.FloatRange(0.01, 100), default=1.0, show_default=True,
               help="With --outer sparseloco: the share of each chunk of values a frame carries.")
-@click.option("--beta", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True,
+@click.option("--beta", type=click.FloatRange(0, 1, min_open=True), default=0.99, show_default=True,
               help="With --outer sparseloco: how much of the error-feedback buffer carries into the next round.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--warm-start-steps", type=click.IntRange(min=0), default=0, show_default=True,
@@ -195,7 +196,7 @@ def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, widt
         outer=OuterOptSpec(lr=outer_lr or default_outer_lr), data=data, averaging=AveragingSpec(slices=slices))
     if outer_kind == "sparseloco":
         base = base.replace(**sparseloco_sections(sparse_percent, beta, outer_lr or SPARSELOCO_LR))
-    elif sparse_percent != 1.0 or beta != 0.95:
+    elif sparse_percent != 1.0 or beta != 0.99:
         raise click.UsageError("--sparse-percent and --beta go with --outer sparseloco")
     if (owner_key or passphrase) and not private:
         raise click.UsageError("--owner-key and --passphrase go with --private")

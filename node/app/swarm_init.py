@@ -100,15 +100,18 @@ def format_init_report(spec: SwarmSpec, docs: Sequence[Document]) -> str:
     return "\n".join(out) + "\n"
 
 
-SPARSELOCO_LR = 1.0
-"""SparseLoCo's outer learning rate by default (benchmarks/sparse_vs_int8.py --sparseloco, docs/BENCHMARKS.md)."""
+SPARSELOCO_LR, SPARSELOCO_BETA, SPARSELOCO_MEAN_BITS = 1.0, 0.99, 3
+"""SparseLoCo's defaults: the best of benchmarks/sparse_vs_int8.py --sparseloco at 1 % (docs/BENCHMARKS.md,
+"SparseLoCo"): after 300 rounds, 0.994 × int8's loss at 104× fewer bytes than fp32 (DiLoCo) and 0.996 × at 116×
+(DiPaCo 2x2); behind int8 by 7-9 % over the first 100 rounds."""
 
 
 def sparseloco_sections(percent: float, beta: float, lr: float) -> dict:
-    """The spec sections of a SparseLoCo swarm: the sparse codec at `percent` of each chunk and 2 bits both ways (the
-    mean's top-k too), its residual in a buffer that decays by `beta` a round, a plain outer step of `lr`."""
+    """The spec sections of a SparseLoCo swarm: the sparse codec at `percent` of each chunk and 2 bits up, the mean as
+    every non-zero entry at SPARSELOCO_MEAN_BITS down (its top-k at 2 bits cost 2-5 % of loss), the residual in a
+    buffer that decays by `beta` a round, a plain outer step of `lr`."""
     chunk = CodecSpec().chunk_size
     k = max(1, round(percent / 100 * chunk))
-    return {"codec": CodecSpec(kind="sparse", k_per_chunk=k, value_bits=2, mean_k_per_chunk=k, mean_bits=2,
-                               feedback="buffer"),
+    return {"codec": CodecSpec(kind="sparse", k_per_chunk=k, value_bits=2, mean_k_per_chunk=0,
+                               mean_bits=SPARSELOCO_MEAN_BITS, feedback="buffer"),
             "outer": OuterOptSpec(kind="sparseloco", beta=beta, lr=lr)}
