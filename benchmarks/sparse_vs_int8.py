@@ -217,6 +217,19 @@ def summarise(arms: list[dict]) -> dict:
     return out
 
 
+CURVE_EVERY = 10  # rounds between two curve points kept in the JSON (every point is used by `summarise` first)
+
+
+def thinned(arm: dict) -> dict:
+    """The arm with its loss curve cut to every CURVE_EVERY-th point and the last: 300 rounds × ~40 arms of full
+    curves made megabytes of JSON."""
+    curve = arm["curve"]
+    if len(curve) <= 2 * CURVE_EVERY:
+        return arm
+    keep = [p for i, p in enumerate(curve) if i % CURVE_EVERY == 0 or i == len(curve) - 1]
+    return {**arm, "curve": keep, "curve_every_rounds": CURVE_EVERY}
+
+
 def plot(result: dict, path: Path) -> None:
     """Loss against bytes per round, one panel per experiment: every arm a dot coloured by family, the baselines and
     the arms on the Pareto front (no other arm both cheaper and better) labelled."""
@@ -299,7 +312,7 @@ def main() -> None:
               "config": {**a, "chunk": args.chunk, "bits": args.bits, "mean_bits": args.mean_bits,
                          "bytes": "learning arms: computed from frame sizes, both directions; live arms: counted at "
                                   "the transport", "round_rule": "node/train/round.py"},
-              "summary": summarise(arms), "arms": arms}
+              "summary": summarise(arms), "arms": [thinned(a) for a in arms]}
     if args.live:
         result["live"] = live({n: specs[n] for n in chosen}, args.live_h, args.live)
     result["machine"], result["wall_s"] = machine(), time.perf_counter() - t0

@@ -178,3 +178,19 @@ def _metadata(path) -> dict:
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         return json.loads(f.read(n))["__metadata__"]
+
+
+def test_the_error_feedback_residual_comes_back_with_the_round(tmp_path, spec, synthetic_docs):
+    """What a member's frames have not carried yet (SparseLoCo: most of its progress) is saved with the round in
+    progress and restored with it; a module with none stays without one."""
+    a = _worker(spec, synthetic_docs)
+    a.train_inner(1)
+    residual = torch.linspace(-1, 1, a.outer["shared"].anchor.numel())
+    a.feedback["shared"].residual = residual.clone()
+    save_partial(tmp_path, spec, a, _anchors(a), carry={})
+    b = _worker(spec, synthetic_docs, seed=1)
+    _same_anchors(a, b)
+    b.feedback["shared"].reset()
+    load_partial(tmp_path, spec, b)
+    assert torch.equal(b.feedback["shared"].residual, residual)
+    assert b.feedback["L0M0"].residual is None
