@@ -108,6 +108,7 @@ def assemble(checkpoints: tuple[str, ...], spec_path: str, out_dir: str) -> None
     from."""
     from pathswarm.node.app.cli_common import load_spec_option
     from pathswarm.node.train.assemble import assemble as assemble_model
+    from pathswarm.node.train.assemble import provenance
     from pathswarm.node.train.model_dir import write_model
 
     spec = load_spec_option(spec_path)
@@ -123,10 +124,7 @@ def assemble(checkpoints: tuple[str, ...], spec_path: str, out_dir: str) -> None
     for c in chosen:
         for note in c.notes:
             console.print(f"{c.module}: {note}")
-    provenance = {"kind": "assemble", "assembled_at": int(time.time()), "tokens_trained": trained,
-                  "modules": {c.module: {"round": c.round, "digest": c.digest, "from": str(c.source),
-                                         "held_by": list(c.held_by)} for c in chosen}}
-    round_dir = write_model(out_dir, spec, modules, provenance)
+    round_dir = write_model(out_dir, spec, modules, provenance(chosen, trained))
     console.print(f"whole model in {out_dir} ({round_dir.name})")
     _next_steps(out_dir)
 

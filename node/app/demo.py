@@ -27,7 +27,7 @@ from pathswarm.node.app.replicas import check_replicas
 from pathswarm.node.app.swarm_init import format_init_report, init_spec
 from pathswarm.node.model.data import load_documents
 from pathswarm.node.model.model import count_module_params
-from pathswarm.node.train.assemble import assemble
+from pathswarm.node.train.assemble import assemble, provenance
 from pathswarm.node.train.model_dir import SPEC_FILE, write_model
 from pathswarm.node.train.simulate import SimConfig, SimResult
 from pathswarm.protocol.spec import AveragingSpec, InnerOptSpec, SwarmSpec
@@ -212,10 +212,7 @@ def assemble_demo_model(spec: SwarmSpec, checkpoints: list[Path], model_dir: Pat
     """The whole model out of the nodes' checkpoints (node/train/assemble.py): every module at the newest round the
     nodes agree on, with the spec beside it."""
     modules, chosen, trained = assemble(spec, checkpoints)
-    write_model(model_dir, spec, modules, {"kind": "assemble", "assembled_at": int(time.time()),
-                                           "tokens_trained": trained,
-                                           "modules": {c.module: {"round": c.round, "digest": c.digest,
-                                                                  "from": str(c.source)} for c in chosen}})
+    write_model(model_dir, spec, modules, provenance(chosen, trained))
     return {"dir": str(model_dir), "modules": {c.module: c.round for c in chosen}}
 
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from pathswarm.node.model.model import count_module_params, new_module, unflatten_like
 from pathswarm.node.peer.vouch import Announced, Vouched, counted_peers, majority_state, voted_out
@@ -44,7 +44,6 @@ from pathswarm.protocol.swarm_view import counted_once
 logger = logging.getLogger(__name__)
 
 STAGING = ".pull"
-PROGRESS_S = 0.25  # how often a download in progress reports the bytes that arrived
 
 
 class PullError(ValueError):
@@ -93,11 +92,9 @@ class Staging:
         if not path.is_file():
             return None
         try:
-            from safetensors import safe_open
-
-            with safe_open(str(path), "pt") as f:
+            with safe_open(str(path), "pt") as f:  # one read: the metadata and the tensors
                 meta = f.metadata() or {}
-            tensors = load_file(str(path))
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
             momentum = tensors.pop(MOMENTUM_KEY)
             template = new_module(self.spec, mid).state_dict()
             if set(tensors) != set(template):
@@ -144,10 +141,11 @@ def pull_model(spec: SwarmSpec, initial_peers: tuple[str, ...], out_dir: str | P
         loop = NetLoop("pathswarm-pull")
         try:
             streams = loop.run(net.streams(), 30)
-            numels = count_module_params(spec)
-            exchange = ModuleExchange(spec, streams, net.peer_id, numels, lambda mid: None, membership=membership)
+            puller_numels = count_module_params(spec)
+            exchange = ModuleExchange(spec, streams, net.peer_id, puller_numels, lambda mid: None,
+                                      membership=membership)
             read_revocations(net, spec)  # a private swarm: revoked peers' records no longer count
-            puller = _Puller(spec, net, loop, exchange, staging, on_bytes)
+            puller = _Puller(spec, net, loop, exchange, staging, on_bytes, puller_numels)
             failed = puller.pull(wanted, patience, modules, pulled, on_module)
             tokens_trained = sum(m.tokens_trained for m in counted_once(read_metrics(net, spec)))
         finally:
@@ -166,29 +164,29 @@ def pull_model(spec: SwarmSpec, initial_peers: tuple[str, ...], out_dir: str | P
 
 class _Puller:
     def __init__(self, spec: SwarmSpec, net, loop: NetLoop, exchange: ModuleExchange, staging: Staging,
-                 on_bytes: Callable[[int], None]):
+                 on_bytes: Callable[[int], None], numels: dict[str, int]):
         self.spec, self.net, self.loop, self.exchange, self.staging = spec, net, loop, exchange, staging
         self.me, self.on_bytes = net.peer_id, on_bytes
+        self.numels = numels  # count_module_params: built once, it instantiates a module of each kind
 
     def _download(self, coro, wait_s: float) -> OuterState | None:
-        """Run a state download on the network loop, telling `on_bytes` what arrives every PROGRESS_S."""
-        future = self.loop.submit(coro)
-        deadline, seen = time.monotonic() + wait_s, self.exchange.traffic.received
+        """Run a state download on the network loop (None when it does not end within wait_s), telling `on_bytes`
+        what arrives meanwhile."""
+        seen = self.exchange.traffic.received
+
+        def tick() -> None:
+            nonlocal seen
+            now = self.exchange.traffic.received
+            if now > seen:
+                self.on_bytes(now - seen)
+                seen = now
+
         try:
-            while True:
-                try:
-                    return future.result(PROGRESS_S)
-                except concurrent.futures.TimeoutError:
-                    if time.monotonic() > deadline:
-                        future.cancel()
-                        return None
-                finally:
-                    now = self.exchange.traffic.received
-                    if now > seen:
-                        self.on_bytes(now - seen)
-                        seen = now
-        except concurrent.futures.CancelledError:
+            return self.loop.run(coro, wait_s, tick=tick)
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             return None
+        finally:
+            tick()
 
     def pull(self, wanted: list[str], patience_s: float, modules: dict[str, ModuleState], pulled: dict[str, Pulled],
              on_module: Callable[[Pulled], None]) -> list[str]:
@@ -244,7 +242,7 @@ class _Puller:
                           "by no holder that can be dialed now")
         timeout_s = self.spec.averaging.timeout_s
         # a large state may take minutes from a home uplink; the transfer gives up when nothing arrives for timeout_s
-        wait_s = transfer_deadline_s(timeout_s, 8 * count_module_params(self.spec)[mid]) + 5
+        wait_s = transfer_deadline_s(timeout_s, 8 * self.numels[mid]) + 5
         state: OuterState | None = None
         source = ""
         if len(servers) >= 2:

@@ -15,6 +15,7 @@ the paths it belongs to: a whole model is every module. Pure file work: no netwo
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,3 +162,10 @@ def _read_state(spec: SwarmSpec, mid: str, state: State,
             continue
         return got, d
     return None
+
+
+def provenance(chosen: Sequence[Chosen], tokens_trained: int) -> dict:
+    """What a whole model's manifest says of an assembly (node/train/model_dir.py): where each module came from."""
+    return {"kind": "assemble", "assembled_at": int(time.time()), "tokens_trained": tokens_trained,
+            "modules": {c.module: {"round": c.round, "digest": c.digest, "from": str(c.source),
+                                   "held_by": list(c.held_by)} for c in chosen}}

@@ -224,11 +224,11 @@ def load_checkpoint(path: str | Path, spec: SwarmSpec, module_ids: list[str] | N
     root = Path(path)
     first = resolve_checkpoint_dir(root)
     if first == root:
-        return _load_round(first, spec, module_ids)
+        return load_round(first, spec, module_ids)
     damaged: list[CorruptCheckpointError] = []
     for d in [first, *[r for r in reversed(complete_rounds(root)) if r != first]]:
         try:
-            ckpt = _load_round(d, spec, module_ids)
+            ckpt = load_round(d, spec, module_ids)
         except CorruptCheckpointError as e:
             damaged.append(e)
             continue
@@ -251,11 +251,7 @@ def read_manifest(d: Path) -> dict[str, Any]:
 
 
 def load_round(d: Path, spec: SwarmSpec, module_ids: list[str] | None = None) -> Checkpoint:
-    """One round directory as it is (no fallback to another round): every file checked as `load_checkpoint` does."""
-    return _load_round(d, spec, module_ids)
-
-
-def _load_round(d: Path, spec: SwarmSpec, module_ids: list[str] | None) -> Checkpoint:
+    """One round directory as it is (no fallback to another round): every file checked."""
     manifest = read_manifest(d)
     if manifest.get("swarm_id") != spec.swarm_id:
         raise CheckpointError(f"{d}: checkpoint belongs to swarm {str(manifest.get('swarm_id'))[:12]}…, "

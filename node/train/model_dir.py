@@ -24,10 +24,10 @@ SPEC_FILE = "spec.toml"
 def spec_beside(checkpoint: str | Path) -> Path | None:
     """The spec.toml of a whole-model directory, given the directory or one of its round directories."""
     p = Path(checkpoint)
-    for candidate in (p / SPEC_FILE, p.parent / SPEC_FILE):
-        if candidate.is_file() and (candidate.parent == p or (p / "manifest.json").is_file()):
-            return candidate
-    return None
+    if (p / SPEC_FILE).is_file():
+        return p / SPEC_FILE
+    is_round = (p / "manifest.json").is_file()
+    return p.parent / SPEC_FILE if is_round and (p.parent / SPEC_FILE).is_file() else None
 
 
 def resolve_spec(checkpoint: str | Path, spec_path: str | None) -> SwarmSpec:

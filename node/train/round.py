@@ -185,6 +185,7 @@ def make_slice_contributions(state: OuterState, local: torch.Tensor, feedback: E
     out = []
     for unit in units:
         part, unsent = delta[unit.lo:unit.hi].contiguous(), None
+        norm = float(torch.linalg.vector_norm(part))
         if codec.feedback_in_weights:
             frame, decoded = kind.encode_values(part, (unit.numel,), part.dtype, want_decoded=True)
             assert decoded is not None  # asked for
@@ -194,6 +195,7 @@ def make_slice_contributions(state: OuterState, local: torch.Tensor, feedback: E
             if before is not None:
                 slice_feedback.residual = before[unit.lo:unit.hi].clone()
             frame = slice_feedback.encode(part, codec=kind, decay=decay)
+            norm = slice_feedback.last_norm  # what the frame encodes, the decayed residual included
             assert slice_feedback.residual is not None  # set by encode
             if residual is None:
                 residual = torch.zeros_like(delta)
@@ -203,8 +205,7 @@ def make_slice_contributions(state: OuterState, local: torch.Tensor, feedback: E
         out.append(Contribution(frame=frame, tokens=tokens, round=state.round,
                                 digest_before=view(state, unit).digest(), local_when_sent=local[unit.lo:unit.hi],
                                 feedback_before={} if before is None else {"residual": before[unit.lo:unit.hi]},
-                                delta_norm=slice_feedback.last_norm if codec.error_feedback and unsent is None
-                                else float(torch.linalg.vector_norm(part)), unsent=unsent))
+                                delta_norm=norm, unsent=unsent))
     if codec.error_feedback and not codec.feedback_in_weights:
         feedback.residual = residual
     return out
