@@ -134,7 +134,8 @@ def reply_header_bytes(k: int, merged: int, named: int) -> int:
     reducers = tuple(sorted(contributors)) if named == 0 else tuple(peer_id(10_000 + i) for i in range(named))
     reply = RoundReply(unit_id(k, k - 1), ROUND, RoundStatus.MERGED, contributors, TOKENS * merged, DIGEST,
                        reducers=reducers, frames=frames)
-    return PREFIX + _json_len(reply.header())
+    # as told to one of the contributors: the list's commitment and that member's own entry (protocol v5)
+    return PREFIX + _json_len(reply.to(contributors[0], RoundStatus.MERGED).header() if merged else reply.header())
 
 
 def frames_request_bytes(k: int) -> int:

@@ -287,6 +287,7 @@ def main() -> None:
             "rounds_failed": sum(sum(r["rounds_failed"].values()) for r in rs),
             "rounds_undone": sum(sum(r["rounds_undone"].values()) for r in rs),
             "anchor_max_abs": {m: max(r["anchor_max_abs"].get(m, 0.0) for r in rs) for m in rs[0]["anchor_max_abs"]},
+            "anchor_max_abs_runs": [r["anchor_max_abs"] for r in rs],
             "bytes_per_node_run": statistics.fmean(b for r in rs for b in r["bytes"].values()),
             "replica_mismatches": sum(r["replica_mismatches"] for r in rs),
             "crashed": sum(c != 0 for r in rs for c in r["exit_codes"].values()),
@@ -302,6 +303,12 @@ def main() -> None:
         arms[arm]["anchor_ratio"] = max((v / max(clean_max.get(m, 0.0), 1e-30)
                                          for m, v in arms[arm]["anchor_max_abs"].items() if m in clean_max),
                                         default=0.0)
+        # The same figure's own run-to-run spread: the largest over the arm's repeats ÷ the smallest, per module
+        # (a clean arm's says how much of a lie arm's ratio the trajectories' noise alone can make).
+        runs_max = arms[arm]["anchor_max_abs_runs"]
+        arms[arm]["anchor_spread"] = max((max(r.get(m, 0.0) for r in runs_max)
+                                          / max(min(r.get(m, 0.0) for r in runs_max), 1e-30)
+                                          for m in runs_max[0]), default=0.0)
         arms[arm]["speed_ratio"] = {n: arms[arm]["rounds_per_s"][n] / max(arms["clean"]["rounds_per_s"][n], 1e-9)
                                     for n in HONEST}
     attacks = [a for a in arms_run if a != "clean"]
@@ -317,7 +324,8 @@ def main() -> None:
     for a in attacks:
         print(f"{a}: honest loss / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['loss_ratio'].items())}; "
               f"rounds/s / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['speed_ratio'].items())}; "
-              f"largest |anchor| / clean = {arms[a]['anchor_ratio']:.3f}; rounds undone {arms[a]['rounds_undone']}")
+              f"largest |anchor| / clean = {arms[a]['anchor_ratio']:.3f} (clean's own spread "
+              f"{arms['clean']['anchor_spread']:.3f}); rounds undone {arms[a]['rounds_undone']}")
     write_json(args.json, result)
     plot(result, args.plot)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 MAGIC = b"PSW1"
 _PREFIX = struct.Struct("<4sIQ")
-MAX_HEADER_BYTES = 256 * 1024  # a result of MAX_LISTED (1024) contributors lists ~180 KB of frames (rounds/audit.py)
+MAX_HEADER_BYTES = 256 * 1024  # a result of MAX_LISTED (1024) contributors: ~70 KB (peer, tokens) and its candidates
 WRITE_CHUNK = 1 << 16
 READ_CHUNK = 1 << 20  # a payload read with an idle check comes in pieces of at most this
 """Bytes written between two drains of a message's payload."""

@@ -70,7 +70,7 @@ from pathswarm.protocol.records import (
     record_to_wire,
 )
 from pathswarm.protocol.rounds.exchange import ModuleExchange
-from pathswarm.protocol.rounds.messages import MAX_LISTED, frame_hash, parse_frame_list
+from pathswarm.protocol.rounds.messages import MAX_LISTED, commit_frames, frame_hash, parse_listed
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducers import Stance
 from pathswarm.protocol.spec import AveragingSpec, MembershipSpec, RouterSpec, SpecError, SwarmSpec, loads_spec
@@ -816,7 +816,8 @@ def run_fetch_state(reply: bytes) -> str:
 def gen_contribute_reply(rng: random.Random) -> bytes:
     header = {"module": "L0M0", "round": 3, "status": "merged", "contributors": [PEER, OTHER_PEER], "tokens": 5,
               "digest_after": "d1" * 8, "reason": "", "reducers": [PEER], "redirect": "",
-              "frames": [[OTHER_PEER, 5, frame_hash(FRAME)], [PEER, 7, frame_hash(FRAME)]]}
+              "frame_tokens": [7, 5], "own": frame_hash(FRAME),
+              "frames_digest": commit_frames([(PEER, 7, frame_hash(FRAME)), (OTHER_PEER, 5, frame_hash(FRAME))])}
     return framed(mutated_header(header, rng), rng, FRAME)
 
 
@@ -827,7 +828,7 @@ def run_contribute_reply(reply: bytes) -> str:
 
 
 def gen_frame_list(rng: random.Random) -> object:
-    valid = [[PEER, 5, frame_hash(FRAME)], [OTHER_PEER, 1, "0" * 64]]
+    valid = [[PEER, 5], [OTHER_PEER, 1]]
     if rng.random() < 0.3:
         return plain(rng)
     text = mutate_text(json.dumps(valid), '[]",0123456789abcdefQm- ', rng)
@@ -838,8 +839,9 @@ def gen_frame_list(rng: random.Random) -> object:
 
 
 def run_frame_list(value: object) -> str:
-    listed = parse_frame_list(value)
-    assert len(listed) <= MAX_LISTED and all(len(h) == 64 and 0 < t <= 1 << 53 for _, t, h in listed)
+    listed = parse_listed(value)
+    assert len(listed) <= MAX_LISTED and all(0 < t <= 1 << 53 for _, t in listed)
+    assert len({p for p, _ in listed}) == len(listed)
     return "accepted"
 
 
@@ -886,7 +888,7 @@ FUZZERS = [
     Fuzzer("exchange.service._on_stance", gen_stance_request, run_stance),
     Fuzzer("exchange.fetch_state", gen_state_reply, run_fetch_state),
     Fuzzer("exchange.contribute (reply)", gen_contribute_reply, run_contribute_reply),
-    Fuzzer("audit.parse_frame_list", gen_frame_list, run_frame_list, (ValueError,)),
+    Fuzzer("audit.parse_listed", gen_frame_list, run_frame_list, (ValueError,)),
     Fuzzer("compression.decode", lambda rng: mutate_frame(rng.choice(FRAMES), rng), run_decode, (CodecError,)),
     Fuzzer("compression.decode_sparse", lambda rng: mutate_sparse_frame(rng.choice(SPARSE_FRAMES), rng),
            run_decode_sparse, (CodecError,)),

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathswarm.node.peer.config import NodeConfig
 from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.protocol.netloop import NetLoop
-from pathswarm.protocol.rounds.audit import FRAMES_KEPT, Alert
+from pathswarm.protocol.rounds.audit import FRAMES_KEPT, Alert, frames_deadline_s
 from pathswarm.protocol.rounds.exchange import ModuleExchange
-from pathswarm.protocol.rounds.messages import FrameEntry, RoundReply, frame_hash
+from pathswarm.protocol.rounds.messages import Listed, RoundReply, frame_hash
 from pathswarm.protocol.rounds.rule import audit_mean
 from pathswarm.protocol.rounds.slices import module_of_unit
 from pathswarm.protocol.wire import FramesMissingError, UnreachableError
@@ -56,7 +56,8 @@ class Received:
     """What a reducer sent us for one round, kept for audits: enough to check its frames later."""
 
     reducer: str
-    listed: tuple[FrameEntry, ...]
+    listed: tuple[Listed, ...]
+    frames_digest: str
     mean_frame: bytes
     reference: float
     contributors: tuple[str, ...]
@@ -117,17 +118,17 @@ class Auditor:
         Returns why the round must not be applied ("" when it may): its mean is not what its frames give, or a
         reducer not yet audited did not serve them."""
         reducer = result.reducer
-        if not reducer or reducer == self.status.peer_id or not result.frames:
+        if not reducer or reducer == self.status.peer_id or not result.listed:
             return ""
         # Our frame as the result lists it: the one we hold only if its hash is that of `own`. A reducer may have
         # merged a frame we sent earlier (a resend after a lost reply, or one our previous run sent before a
         # restart): the check then downloads that frame from the reducer too. Putting our current frame in its place
         # failed every such check as "frames the result does not list", and the member then resent, and took the
         # reducer's next answer for a lie (benchmarks/restarts.py --kill replying).
-        listed_own = next((h for p, _, h in result.frames if p == self.status.peer_id), None)
-        mine = listed_own is not None and listed_own == frame_hash(own[1])
-        self.received[(module, result.round)] = Received(reducer, result.frames, result.mean_frame, reference,
-                                                         tuple(result.contributors), own if mine else None)
+        mine = self.status.peer_id in dict(result.listed) and result.own == frame_hash(own[1])
+        self.received[(module, result.round)] = Received(reducer, result.listed, result.frames_digest,
+                                                         result.mean_frame, reference, tuple(result.contributors),
+                                                         own if mine else None)
         for old in sorted(r for m, r in self.received if m == module)[:-FRAMES_KEPT]:
             del self.received[(module, old)]
             self.alerted.discard((module, old))  # an alert about a round we no longer hold is ignored anyway
@@ -143,7 +144,8 @@ class Auditor:
     def _verify_now(self, module: str, round_: int, reducer: str) -> str:
         """Audit a round before it is applied (the training thread waits for the download: a reducer's first rounds
         only). A lie is then never applied here; neither is the round of a reducer that does not show its frames
-        within the averaging timeout (a download refused as busy, when a large group asks at once, is retried). An
+        in time (`_deadline_s`: the averaging timeout plus the download's bytes, all other members downloading from
+        the reducer at once, at the slowest uplink waited for; a download refused as busy is retried). An
         answer that will not change soon ends the wait at once: the peer keeps no frames of the round (a reducer
         restarted since, or a member that relayed a result it did not reduce), serves frames the result does not
         list, or cannot be dialed twice. Waiting the whole timeout for those held the module 10 rounds behind its
@@ -152,8 +154,8 @@ class Auditor:
         got = self.received.get((module, round_))
         if got is None:
             return ""
-        listed = frozenset(p for p, _, _ in got.listed)
-        deadline = time.monotonic() + self.spec.averaging.timeout_s
+        listed = frozenset(p for p, _ in got.listed)
+        deadline = time.monotonic() + self._deadline_s(module, got)
         unreachable = 0
         while True:
             left = deadline - time.monotonic()
@@ -181,12 +183,19 @@ class Auditor:
                 return f"{reducer[-8:]} did not show the frames of {module} round {round_}, and it is not audited yet"
             time.sleep(self.rng.uniform(*VERIFY_RETRY_S))
 
+    def _deadline_s(self, module: str, got: Received) -> float:
+        """How long a download of a round's frames is waited for: a check before applying and a random audit alike
+        count every other member downloading from the same peer at once (a new reducer's checked rounds)."""
+        frames = len(got.listed) - (got.own is not None)
+        return frames_deadline_s(self.spec.averaging.timeout_s, frames, self.exchange.audits.frame_limit(module),
+                                 downloaders=max(1, len(got.contributors) - 1))
+
     def _fetch(self, module: str, round_: int, source: str, alert: Alert | None) -> None:
-        timeout = self.spec.averaging.timeout_s
         got = self.received.get((module, round_))
         if got is None:
             return
-        listed = frozenset(p for p, _, _ in got.listed)
+        timeout = self._deadline_s(module, got)
+        listed = frozenset(p for p, _ in got.listed)
         fut = self.net.submit(self.exchange.audits.fetch_frames(source, module, round_, timeout, listed,
                                                                 skip=self.status.peer_id if got.own else ""))
         self.checks.append(_Check(module, round_, source, alert, fut))
@@ -243,8 +252,8 @@ class Auditor:
             if got.own is not None:
                 frames = {**frames, self.status.peer_id: got.own}
             try:
-                proof = audit_mean(frames, got.listed, got.mean_frame, self.exchange.numels[check.module], self.spec,
-                                   got.reference)
+                proof = audit_mean(frames, got.listed, got.frames_digest, got.mean_frame,
+                                   self.exchange.numels[check.module], self.spec, got.reference)
             except ValueError as e:
                 logger.warning("audit of %s round %d: frames from %s: %s", check.module, check.round,
                                check.source[-8:], e)

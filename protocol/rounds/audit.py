@@ -1,10 +1,12 @@
 """Auditing reducers on the wire: the merged frames a round's result lists, served to members who recompute it.
 
 No reducer is trusted alone (docs/SECURITY.md). A round's result lists every contribution the reducer merged as
-(peer, tokens, sha256 of the frame): each member finds its own entry there or knows the reducer misreported it
-(protocol/rounds/member.py). Members also audit rounds at random, with local randomness the reducer cannot predict
-(node/peer/audit.py): they fetch the listed frames from the reducer (`fetch_frames`), check that they hash to
-the list the reducer sent everybody, and recompute the round rule's mean (protocol/rounds/rule.py `audit_mean`).
+(peer, tokens) and commits to the frames with one hash over (peer, tokens, sha256 of the frame) of them all
+(messages.py `commit_frames`); each member's reply names the hash of its own listed frame, so each member finds its
+own entry or knows the reducer misreported it (protocol/rounds/member.py). Members also audit rounds at random,
+with local randomness the reducer cannot predict (node/peer/audit.py): they fetch the listed frames from the reducer
+(`fetch_frames`), check that they hash to the commitment the reducer sent everybody, and recompute the round rule's
+mean (protocol/rounds/rule.py `audit_mean`).
 A mean that does not match is a proof anyone in the group can check: the auditor stops trusting the reducer and
 alerts the round's other contributors (`send_alert`); each of them fetches the frames from the auditor and checks
 them against the result *it* received before it stops trusting the reducer too. An alert alone moves nothing.
@@ -31,6 +33,7 @@ from pathswarm.protocol.rounds.messages import (
     FramesReply,
     FramesRequest,
 )
+from pathswarm.protocol.rounds.state_parts import transfer_deadline_s
 from pathswarm.protocol.wire import (
     FramesMissingError,
     Traffic,
@@ -97,14 +100,27 @@ Serve = Callable[[str, str, asyncio.StreamReader, asyncio.StreamWriter, Callable
                  Awaitable[None]]
 
 
+def frames_deadline_s(timeout_s: float, frames: int, frame_bytes: int, downloaders: int = 1) -> float:
+    """How long a download of `frames` frames of at most `frame_bytes` each may take, end to end, while `downloaders`
+    members download from the same peer at once (a new reducer's checked rounds: all its other members): the
+    averaging timeout plus those bytes at state_parts.py's FLOOR_BYTES_PER_S, the slowest uplink waited for. A fixed
+    deadline (the averaging timeout) failed every check of a large module on a home uplink: at 16 holders the frames
+    of one slice of a 25 M-parameter module are 19 MB, and 15 members fetch them at once from one 20 Mbit/s uplink
+    (2 minutes). A transfer that stalls is still cut after `idle_s`."""
+    return transfer_deadline_s(timeout_s, max(0, frames) * max(0, frame_bytes) * max(1, downloaders))
+
+
 class AuditService:
     """The two requests audits need, served and sent for one node: `frames` and `alert`."""
 
     def __init__(self, streams: PeerStreams | None, prefix: str, numels: Mapping[str, int],
                  frame_limit: Callable[[str], int], serve: Serve, traffic: Traffic,
-                 membership: str = ""):
+                 membership: str = "", idle_s: float = 20.0):
         self.streams, self.numels, self.frame_limit = streams, numels, frame_limit
         self.serve, self.traffic, self.membership = serve, traffic, membership
+        self.idle_s = idle_s
+        """A frames transfer that moves nothing for this long is cut (the averaging timeout): its deadline as a whole
+        grows with its size (`frames_deadline_s`), a dead peer is still found this soon."""
         self.store = FrameStore()
         self.alerts: deque[Alert] = deque(maxlen=ALERTS_KEPT)
         """Alerts received and not checked yet (the node drains them)."""
@@ -131,8 +147,8 @@ class AuditService:
             await write_message(writer, FramesReply("ok", len(frames)).header(), b"", self.traffic)
             for peer in sorted(frames):
                 tokens, frame = frames[peer]
-                await write_message(writer, FrameHeader(peer, tokens).header(), b"", self.traffic)
-                await write_message(writer, {}, frame, self.traffic)
+                await write_message(writer, FrameHeader(peer, tokens).header(), b"", self.traffic, idle_s=self.idle_s)
+                await write_message(writer, {}, frame, self.traffic, idle_s=self.idle_s)
 
         await self.serve("frames", sender, reader, writer, handle)
 
@@ -167,7 +183,7 @@ class AuditService:
                     contributor = entry.peer
                     if contributor not in expected or contributor in out or contributor == skip:
                         raise WireError("a frame the result does not list")
-                    _, frame = await read_message(reader, limit, self.traffic)
+                    _, frame = await read_message(reader, limit, self.traffic, idle_s=self.idle_s)
                     out[contributor] = (entry.tokens, frame)
                 return out
             finally:

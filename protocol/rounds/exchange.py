@@ -62,7 +62,7 @@ class ModuleExchange:
                            state_pacer=Pacer(serve_state_bytes_per_s) if serve_state_bytes_per_s else None)
         self.trust = trust
         self.audits = AuditService(streams, self.ctx.prefix, numels, self.ctx.contribution_limit, trust.serve,
-                                   traffic, membership)
+                                   traffic, membership, idle_s=spec.averaging.timeout_s)
         self.reducer = Reducer(self.ctx, closer or functools.partial(rule_closer, spec), self.audits.store)
         self.member = Member(self.ctx, self.reducer)
         self.service = Service(self.ctx, self.reducer, self.audits)

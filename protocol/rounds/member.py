@@ -112,13 +112,14 @@ class Member:
         """The reply, or a failed round when it proves its reducer a liar to us."""
         ctx, reducer = self.ctx, last.reducer
         if last.applicable and reducer != ctx.peer_id and (
-                not last.frames or {p for p, _, _ in last.frames} != set(last.contributors)):
+                not last.listed or {p for p, _ in last.listed} != set(last.contributors)):
             # An honest reducer lists every contributor's frame; a result without them could not be audited.
             ctx.trust.distrust(reducer, f"its result of {module} round {round_} does not list its contributors' frames")
             return failed(module, round_, "the reducer's result lists no frames", reducer=reducer)
         earlier_run = False  # the reducer merged a frame our run before a restart sent
         if last.applicable and last.status.ours and reducer != ctx.peer_id:
-            mine = {p: (t, h) for p, t, h in last.frames}.get(ctx.peer_id)
+            tokens_listed = dict(last.listed).get(ctx.peer_id)
+            mine = None if tokens_listed is None else (tokens_listed, last.own)
             if mine is not None and mine != own and (mine in sent or module_of_unit(module) in ctx.fresh):
                 # A frame we sent for this round before (a resend after a lost reply, or before our restart):
                 # the reducer merged that one.

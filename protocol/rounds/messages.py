@@ -12,7 +12,8 @@ the reducer, which a refused message would not be.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Self
 
@@ -36,37 +37,53 @@ SORTED_CONTRIBUTORS = "="
 character instead of a second copy of the list."""
 
 FrameEntry = tuple[str, int, str]
-"""(peer, tokens, sha256 hex of its frame): one contribution as a result lists it."""
+"""(peer, tokens, sha256 hex of its frame): one merged contribution, as the reducer knows it."""
+Listed = tuple[str, int]
+"""(peer, tokens): one merged contribution as a result tells its members; the frame hashes are behind the result's
+`frames_digest`."""
 
 
 def frame_hash(frame: bytes) -> str:
     return hashlib.sha256(frame).hexdigest()
 
 
-def parse_frame_list(value: object) -> tuple[FrameEntry, ...]:
-    """A result's list of merged frames, received from a peer (untrusted): ValueError unless it is a list of at
-    most MAX_LISTED [peer id, positive int, 64 hex digits], peers distinct."""
+def _is_hex64(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def commit_frames(entries: Sequence[FrameEntry]) -> str:
+    """One sha256 over a result's whole frame list, in its order: what a result carries instead of a hash per frame.
+    An auditor recomputes it from the frames it downloads; a member checks its own entry against `own` (RoundReply).
+    A list of N entries cost every reply about 130·N bytes (N reducers' replies to N members in a round in slices:
+    0.3 of a frame a round per node at 16 holders, benchmarks/scale.py); the commitment costs 64."""
+    h = hashlib.sha256()
+    for peer, tokens, digest in entries:
+        h.update(f"{peer} {tokens} {digest}\n".encode())
+    return h.hexdigest()
+
+
+def parse_listed(value: object) -> tuple[Listed, ...]:
+    """A result's list of merged contributions, received from a peer (untrusted): ValueError unless it is a list of
+    at most MAX_LISTED [peer id, positive int], peers distinct."""
     if not isinstance(value, list) or len(value) > MAX_LISTED:
         raise ValueError("the frame list is not a bounded list")
     out = []
     for item in value:
-        if not (isinstance(item, list) and len(item) == 3):
-            raise ValueError("a frame entry is not [peer, tokens, hash]")
-        peer, tokens, digest = item
+        if not (isinstance(item, list) and len(item) == 2):
+            raise ValueError("a frame entry is not [peer, tokens]")
+        peer, tokens = item
         if not (isinstance(peer, str) and 0 < len(peer) <= MAX_ID and peer.isalnum()):
             raise ValueError("a frame entry's peer is not a peer id")
         if not (isinstance(tokens, int) and not isinstance(tokens, bool) and 0 < tokens <= MAX_TOKENS):
             raise ValueError("a frame entry's token count is out of range")
-        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
-            raise ValueError("a frame entry's hash is not sha256 hex")
-        out.append((peer, tokens, digest))
-    if len({p for p, _, _ in out}) != len(out):
+        out.append((peer, tokens))
+    if len({p for p, _ in out}) != len(out):
         raise ValueError("a peer is listed twice")
     return tuple(out)
 
 
 def list_frames(frames: dict[str, tuple[int, bytes]], used: tuple[str, ...] | list[str]) -> tuple[FrameEntry, ...]:
-    """The list a result carries: the merged peers' (peer, tokens as sent, frame hash), in the order of `used`."""
+    """The merged peers' (peer, tokens as sent, frame hash), in the order of `used`: what a result commits to."""
     return tuple((p, frames[p][0], frame_hash(frames[p][1])) for p in used)
 
 
@@ -188,29 +205,52 @@ class RoundReply(Message):
     """Who reduces the next round, in failover order."""
     redirect: str = ""
     frames: tuple[FrameEntry, ...] = ()
-    """(peer, tokens, frame hash) of every merged contribution (protocol/rounds/audit.py)."""
+    """(peer, tokens, frame hash) of every merged contribution: the reducer's side only (protocol/rounds/audit.py
+    serves the frames themselves); on the wire a result carries `listed` and `frames_digest`."""
     mean_frame: bytes = field(default=b"", repr=False)
     """The encoded mean (the message's payload, not its header); b'' when there is none."""
     reducer: str = ""
     """Who answered (the member's side fills it in; not on the wire): the peer to re-sync from when it says we are
     out of sync."""
+    listed: tuple[Listed, ...] = ()
+    """(peer, tokens) of every merged contribution, in merge order (derived from `frames` where those are known)."""
+    frames_digest: str = ""
+    """`commit_frames` of the whole frame list: what audits check the downloaded frames against."""
+    own: str = ""
+    """The hash of the frame listed for the member this reply is for ('' when it is not listed): its own entry."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", RoundStatus(self.status))  # a plain string names one too
+        if self.frames and not self.listed:
+            object.__setattr__(self, "listed", tuple((p, t) for p, t, _ in self.frames))
+            object.__setattr__(self, "frames_digest", commit_frames(self.frames))
 
     @property
     def applicable(self) -> bool:
         return self.status.applies and bool(self.mean_frame)
 
+    def to(self, member: str, status: RoundStatus) -> RoundReply:
+        """This result as told to `member`, with `status` and its own entry's frame hash."""
+        own = next((h for p, _, h in self.frames if p == member), "")
+        return replace(self, status=status, own=own, reducer="")
+
     def header(self) -> dict[str, Any]:
         out: dict[str, Any] = {"module": self.module, "round": self.round, "status": self.status.value,
                                "tokens": self.tokens, "digest_after": self.digest_after, "reason": self.reason,
-                               "redirect": self.redirect, "frames": [list(e) for e in self.frames]}
-        # Said once: the contributors are the frame list's peers, and a round in slices names them, sorted, as the
-        # next round's candidates (protocol/rounds/reducers.py `next_candidates`). A reply of 16 members carried each
-        # list three times, 3.8 KB a reply, a third of a small slice's mean (benchmarks/scale.py).
-        if tuple(p for p, _, _ in self.frames) != tuple(self.contributors):
-            out["contributors"] = list(self.contributors)
+                               "redirect": self.redirect, "contributors": list(self.contributors)}
+        if self.listed and self.frames_digest:
+            # Said once: the listed peers are the contributors (an honest result's always are), and equal token
+            # counts (the usual case: every member trains H steps of the same batch) as one number.
+            peers, tokens = [p for p, _ in self.listed], [t for _, t in self.listed]
+            if tuple(peers) == tuple(self.contributors):
+                out["frame_tokens"] = tokens[0] if len(set(tokens)) == 1 else tokens
+            else:
+                out["listed"] = [list(e) for e in self.listed]
+            out["frames_digest"] = self.frames_digest
+            if self.own:
+                out["own"] = self.own
+        # A round in slices names the contributors, sorted, as the next round's candidates
+        # (protocol/rounds/reducers.py `next_candidates`): said in one character.
         if self.reducers and self.reducers == tuple(sorted(self.contributors)):
             out["reducers"] = SORTED_CONTRIBUTORS
         else:
@@ -223,12 +263,24 @@ class RoundReply(Message):
             status = RoundStatus(str(header.get("status")))
         except ValueError:
             raise WireError(f"unknown round status {str(header.get('status'))[:40]!r}") from None
-        try:  # a result whose list does not parse lists nothing: our own entry is then missing
-            frames = parse_frame_list(header.get("frames") or [])
-        except ValueError:
-            frames = ()
-        raw = header.get("contributors", [p for p, _, _ in frames])  # absent: the frame list's peers (`header`)
+        raw = header.get("contributors")
         contributors: list = raw if isinstance(raw, list) else []
+        listed: tuple[Listed, ...] = ()
+        digest = header.get("frames_digest")
+        try:  # a result whose list does not parse lists nothing: our own entry is then missing
+            if not _is_hex64(digest):
+                raise ValueError("no frame list commitment")
+            if "listed" in header:
+                listed = parse_listed(header["listed"])
+            elif "frame_tokens" in header:
+                each = header["frame_tokens"]
+                each = [each] * len(contributors) if isinstance(each, int) and not isinstance(each, bool) else each
+                if not isinstance(each, list) or len(each) != len(contributors):
+                    raise ValueError("token counts do not match the contributors")
+                listed = parse_listed([[p, t] for p, t in zip(contributors, each, strict=True)])
+        except ValueError:
+            listed, digest = (), ""
+        own = header.get("own")
         try:
             named = header.get("reducers") or []
             if named == SORTED_CONTRIBUTORS:
@@ -241,7 +293,8 @@ class RoundReply(Message):
                    tuple(str(c)[:MAX_ID] for c in contributors[:MAX_CONTRIBUTORS]),
                    tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0 else 0,
                    str(header.get("digest_after") or "")[:64], str(header.get("reason") or "")[:MAX_REASON],
-                   reducers, str(header.get("redirect") or "")[:MAX_ID], frames, mean_frame)
+                   reducers, str(header.get("redirect") or "")[:MAX_ID], mean_frame=mean_frame, listed=listed,
+                   frames_digest=str(digest) if listed else "", own=own if listed and _is_hex64(own) else "")
 
 
 @dataclass(frozen=True)

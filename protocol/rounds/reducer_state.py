@@ -138,8 +138,7 @@ def answer(result: RoundReply, sender: str, store: FrameStore) -> RoundReply:
         store.allow(result.module, result.round, sender)
     elif len(result.contributors) == 1:
         status = RoundStatus.ALONE
-    return RoundReply(result.module, result.round, status, result.contributors, result.tokens, result.digest_after,
-                      reducers=result.reducers, frames=result.frames, mean_frame=result.mean_frame)
+    return result.to(sender, status)
 
 
 def failed(module: str, round_: int, reason: str, status: RoundStatus = RoundStatus.FAILED, **kw) -> RoundReply:

@@ -25,7 +25,7 @@ import torch
 
 from pathswarm.compression import CodecError
 from pathswarm.protocol.rounds.merge import merge_round
-from pathswarm.protocol.rounds.messages import frame_hash
+from pathswarm.protocol.rounds.messages import commit_frames, frame_hash
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.spec import CodecSpec, SwarmSpec
 
@@ -146,16 +146,16 @@ AUDIT_TOLERANCE = 1e-2
 (SIMD width, threads) may round a few values into the next int8 step. A reducer can bias a round by no more."""
 
 
-def audit_mean(frames: dict[str, tuple[int, bytes]], listed: Sequence[tuple[str, int, str]], mean_frame: bytes,
-               numel: int, spec: SwarmSpec, reference: float) -> str | None:
+def audit_mean(frames: dict[str, tuple[int, bytes]], listed: Sequence[tuple[str, int]], frames_digest: str,
+               mean_frame: bytes, numel: int, spec: SwarmSpec, reference: float) -> str | None:
     """Check a reducer's result against the frames it says it merged (protocol/rounds/audit.py): None when the mean is
     what the round rule makes of them, else the proof in words. `frames`: {peer: (tokens, frame)} as downloaded;
-    `listed`: the result's (peer, tokens, frame hash) list, as the reducer sent it to us; `reference`: the
-    module's outer momentum norm before the round (`reference_norm`). Raises ValueError when the frames are not
-    the listed ones (no proof: whoever served them may be the liar)."""
-    want = {p: (t, h) for p, t, h in listed}
-    got = {p: (t, frame_hash(f)) for p, (t, f) in frames.items()}
-    if got != want:
+    `listed` and `frames_digest`: the result's (peer, tokens) list and its commitment to the frames
+    (messages.py `commit_frames`), as the reducer sent them to us; `reference`: the module's outer momentum norm
+    before the round (`reference_norm`). Raises ValueError when the frames are not the listed ones (no proof:
+    whoever served them may be the liar)."""
+    if {p: t for p, (t, _) in frames.items()} != dict(listed) or commit_frames(
+            [(p, t, frame_hash(frames[p][1])) for p, t in listed]) != frames_digest:
         raise ValueError("the frames served are not the ones the result lists")
     # Norms are not screened again: the reducer measured them against the median of all the round's frames, the
     # rejected ones included, which the list does not carry. What does not decode, has the wrong size or holds NaN

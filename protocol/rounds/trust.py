@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from pathswarm.protocol.handlers import Budget, Guard
 from pathswarm.protocol.membership import MembershipError, gate_of
 from pathswarm.protocol.rounds.messages import Refusal
+from pathswarm.protocol.rounds.reducers import MAX_CANDIDATES
 from pathswarm.protocol.rounds.state_parts import transfer_deadline_s
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.wire import MAX_HEADER_BYTES, Traffic, discard_rest, read_message, write_message
@@ -28,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 REFUSAL_DRAIN_S = 3.0
 """How long a refused request's remaining bytes are read and dropped before closing."""
+FRAMES_SLOTS = 16
+"""Frames downloads (audits) served at once."""
 STANCE_TIMEOUT_S = 2.0
 """How long a candidate waits for an earlier one's stance before counting it out."""
 
@@ -62,8 +65,12 @@ class Trust:
             # an audit downloads a round's frames (about once a round per group; a reducer's checked rounds: every
             # member, each of its modules, every round, a second or two apart in a small swarm, and in a round in slices
             # it reduces one slice of every module); an alert follows a proven lie
-            "frames": Budget(2.0 * n_modules, max(8, 4 * n_modules), per_peer=n_modules + 1, total=16,
-                             deadline_s=avg.timeout_s + 5),
+            # A download may take as long as its downloader waits for it (audit.py `frames_deadline_s`): bounded
+            # here by the frames of MAX_CANDIDATES members of our largest module, with every slot in use at once; a
+            # reader that stalls is cut after the averaging timeout.
+            "frames": Budget(2.0 * n_modules, max(8, 4 * n_modules), per_peer=n_modules + 1, total=FRAMES_SLOTS,
+                             deadline_s=transfer_deadline_s(avg.timeout_s,
+                                                            FRAMES_SLOTS * MAX_CANDIDATES * frame_limit()) + 5),
             "alert": Budget(0.5, 8, per_peer=2, total=64, deadline_s=10.0)},
             self.refuse)
 

@@ -9,7 +9,7 @@ import torch
 
 from pathswarm.compression import decode, encode
 from pathswarm.protocol.rounds.exchange import ModuleExchange
-from pathswarm.protocol.rounds.messages import MAX_LISTED, frame_hash, parse_frame_list
+from pathswarm.protocol.rounds.messages import MAX_LISTED, commit_frames, frame_hash, parse_listed
 from pathswarm.protocol.rounds.messages import RoundReply as RoundResult
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducer_state import answer
@@ -40,21 +40,24 @@ def test_a_result_lists_every_merged_frame_and_the_reducer_keeps_them():
     result, ex, sent = closed_round()
     assert result.status == "merged"
     assert result.frames == tuple((p, sent[p][0], frame_hash(sent[p][1])) for p in PEERS)
+    assert result.listed == tuple((p, sent[p][0]) for p in PEERS)
+    assert result.frames_digest == commit_frames(result.frames)
+    assert result.own == frame_hash(sent[PEERS[0]][1])  # the reply to QmA names QmA's own entry
     assert ex.audits.store.get("m", 0) == sent
 
 
 def test_the_honest_mean_passes_the_audit_and_a_scaled_or_replaced_one_is_proven_wrong():
     result, ex, sent = closed_round()
     frames = ex.audits.store.get("m", 0)
-    assert audit_mean(frames, result.frames, result.mean_frame, NUMEL, SPEC, 0.0) is None
+    assert audit_mean(frames, result.listed, result.frames_digest, result.mean_frame, NUMEL, SPEC, 0.0) is None
     true = decode(result.mean_frame)
     for lie in (true * 1.5, -true, true + 1e-1 * torch.randn(NUMEL), torch.zeros(NUMEL) + 1e3):
-        proof = audit_mean(frames, result.frames, encode(lie), NUMEL, SPEC, 0.0)
+        proof = audit_mean(frames, result.listed, result.frames_digest, encode(lie), NUMEL, SPEC, 0.0)
         assert proof is not None and "recomputed" in proof, proof
     # Within the tolerance (another machine's rounding): not a lie.
     near = true + (AUDIT_TOLERANCE / 4) * float(true.norm()) / NUMEL ** 0.5 * torch.ones(NUMEL)
-    assert audit_mean(frames, result.frames, encode(near), NUMEL, SPEC, 0.0) is None
-    assert "decode" in audit_mean(frames, result.frames, b"junk", NUMEL, SPEC, 0.0)
+    assert audit_mean(frames, result.listed, result.frames_digest, encode(near), NUMEL, SPEC, 0.0) is None
+    assert "decode" in audit_mean(frames, result.listed, result.frames_digest, b"junk", NUMEL, SPEC, 0.0)
 
 
 def test_frames_that_are_not_the_listed_ones_prove_nothing():
@@ -62,11 +65,11 @@ def test_frames_that_are_not_the_listed_ones_prove_nothing():
     frames = dict(ex.audits.store.get("m", 0))
     frames["QmA"] = (frames["QmA"][0], encode(torch.ones(NUMEL)))  # whoever served them changed one
     with pytest.raises(ValueError):
-        audit_mean(frames, result.frames, result.mean_frame, NUMEL, SPEC, 0.0)
+        audit_mean(frames, result.listed, result.frames_digest, result.mean_frame, NUMEL, SPEC, 0.0)
     frames = dict(ex.audits.store.get("m", 0))
     frames["QmA"] = (frames["QmA"][0] * 2, frames["QmA"][1])  # another weight than listed
     with pytest.raises(ValueError):
-        audit_mean(frames, result.frames, result.mean_frame, NUMEL, SPEC, 0.0)
+        audit_mean(frames, result.listed, result.frames_digest, result.mean_frame, NUMEL, SPEC, 0.0)
 
 
 def test_a_result_listing_a_frame_no_reducer_merges_is_proven_wrong():
@@ -74,8 +77,8 @@ def test_a_result_listing_a_frame_no_reducer_merges_is_proven_wrong():
     good = [(p, 100, encode(torch.randn(NUMEL, generator=gen) * 1e-2)) for p in PEERS]
     short = ("QmD", 100, encode(torch.randn(NUMEL // 2, generator=gen) * 1e-2))  # another module's size
     frames = {p: (t, f) for p, t, f in [*good, short]}
-    listed = [(p, t, frame_hash(f)) for p, (t, f) in frames.items()]
-    proof = audit_mean(frames, listed, good[0][2], NUMEL, SPEC, 0.0)
+    entries = [(p, t, frame_hash(f)) for p, (t, f) in frames.items()]
+    proof = audit_mean(frames, [(p, t) for p, t, _ in entries], commit_frames(entries), good[0][2], NUMEL, SPEC, 0.0)
     assert proof is not None and "no reducer merges" in proof
 
 
@@ -98,36 +101,39 @@ def test_an_honest_round_that_rejected_a_frame_passes_the_audit():
 
     result = asyncio.run(go())[0]
     assert [p for p, _, _ in result.frames] == ["QmA", "QmB", "QmC", "QmD"]  # E rejected
-    assert audit_mean(ex.audits.store.get("m", 0), result.frames, result.mean_frame, NUMEL, spec, 0.0) is None
+    assert audit_mean(ex.audits.store.get("m", 0), result.listed, result.frames_digest, result.mean_frame, NUMEL, spec,
+                      0.0) is None
 
 
 def test_frame_lists_from_strangers_are_parsed_strictly():
-    h = "ab" * 32
-    assert parse_frame_list([["QmA", 5, h], ["QmB", 1, h]]) == (("QmA", 5, h), ("QmB", 1, h))
-    assert parse_frame_list([]) == ()
-    for bad in ("x", None, {"a": 1}, [["QmA", 5]], [["QmA", True, h]], [["QmA", 0, h]], [["QmA", 1 << 60, h]],
-                [["Qm/A", 5, h]], [["QmA", 5, h.upper()]], [["QmA", 5, h[:-1]]], [["QmA", 5, h], ["QmA", 6, h]],
-                [["QmA", 5.0, h]], [["QmA", 1, h]] * 2, [[f"Qm{i}", 1, h] for i in range(MAX_LISTED + 1)]):
+    assert parse_listed([["QmA", 5], ["QmB", 1]]) == (("QmA", 5), ("QmB", 1))
+    assert parse_listed([]) == ()
+    for bad in ("x", None, {"a": 1}, [["QmA"]], [["QmA", 5, "h"]], [["QmA", True]], [["QmA", 0]], [["QmA", 1 << 60]],
+                [["Qm/A", 5]], [["QmA", 5], ["QmA", 6]], [["QmA", 5.0]], [["QmA", 1]] * 2,
+                [[f"Qm{i}", 1] for i in range(MAX_LISTED + 1)]):
         with pytest.raises(ValueError):
-            parse_frame_list(bad)
+            parse_listed(bad)
 
 
 def test_a_result_of_the_largest_group_fits_in_one_header():
-    """A result lists up to MAX_LISTED contributors with their frame hashes: its header must still be one message
-    (a group too large for it used to fail every member's round at the reducer's reply)."""
+    """A result lists up to MAX_LISTED contributors: its header must still be one message (a group too large for it
+    used to fail every member's round at the reducer's reply)."""
     from pathswarm.protocol.rounds.messages import RoundReply as RoundResult
+    from pathswarm.protocol.rounds.messages import RoundStatus
     from pathswarm.protocol.rounds.reducers import MAX_CANDIDATES
 
     from ..fuzzing import Sink, read
 
     peers = [f"Qm{i:044d}" for i in range(MAX_LISTED)]
     result = RoundResult("m", 7, "merged", tuple(peers), 1 << 40, "ab" * 32, reducers=tuple(peers[:MAX_CANDIDATES]),
-                         frames=tuple((p, 1 << 40, "cd" * 32) for p in peers), mean_frame=b"x")
+                         frames=tuple((p, (1 << 40) - i, "cd" * 32) for i, p in enumerate(peers)), mean_frame=b"x")
     sink = Sink()
-    asyncio.run(write_message(sink, result.header(), result.mean_frame))
+    told = result.to(peers[0], RoundStatus.MERGED)
+    asyncio.run(write_message(sink, told.header(), told.mean_frame))
     header, payload = asyncio.run(read(bytes(sink.data), 16))
-    assert payload == b"x" and parse_frame_list(header["frames"]) == result.frames
-    assert len(RoundResult.parse(header, payload).contributors) == MAX_LISTED  # the frame list's peers
+    back = RoundResult.parse(header, payload)
+    assert payload == b"x" and back.listed == tuple((p, t) for p, t, _ in result.frames)
+    assert len(back.contributors) == MAX_LISTED and back.frames_digest == commit_frames(result.frames)
 
 
 def test_a_member_stops_trusting_a_reducer_that_misreports_its_frame_unless_it_restarted_since():
@@ -136,10 +142,11 @@ def test_a_member_stops_trusting_a_reducer_that_misreports_its_frame_unless_it_r
     from ..fuzzing import FRAME, OTHER_PEER, PEER, STATE, FakeStreams, exchange, message
 
     def reply(listed_tokens: int, listed_frame: bytes) -> bytes:
+        entries = [(OTHER_PEER, listed_tokens, frame_hash(listed_frame)), (PEER, 7, "0" * 64)]
         return message({"module": "L0M0", "round": 3, "status": "merged", "contributors": [OTHER_PEER, PEER],
                         "tokens": 12, "digest_after": "d1" * 8, "reducers": [PEER],
-                        "frames": [[OTHER_PEER, listed_tokens, frame_hash(listed_frame)], [PEER, 7, "0" * 64]]},
-                       FRAME)
+                        "frame_tokens": [listed_tokens, 7], "frames_digest": commit_frames(entries),
+                        "own": frame_hash(listed_frame)}, FRAME)
 
     def contribute(data: bytes, fresh: bool):
         ex = exchange(False, FakeStreams(data))
@@ -343,6 +350,9 @@ def auditor_fetching(spec, me: str, outcome):
     asked: list = []
 
     class Audits:
+        def frame_limit(self, module):  # frames of no size: a download's deadline is the averaging timeout
+            return 0
+
         def fetch_frames(self, peer, module, round_, timeout_s, expected, skip=""):
             asked.append(skip)
 
@@ -408,3 +418,82 @@ def test_a_result_listing_an_earlier_frame_of_ours_is_checked_with_that_frame_fr
         a, asked = auditor_fetching(SPEC, "QmA", lambda skipped: {p: f for p, f in sent.items() if p != skipped})
         assert a.record("m", dataclasses.replace(result, reducer="QmR"), 0.0, own, PEERS) == ""  # checked, passed
         assert asked == [skip] and a.passed[("QmR", "m")] == 1
+
+
+def test_a_frames_download_waits_for_a_slow_peer_as_long_as_its_size_asks_and_cuts_one_that_stalls():
+    """Frames (checks before applying, audits) on a slow uplink: a download that keeps moving is read to its end
+    past the averaging timeout (`idle_s` here), one that stops is cut after it; the deadline as a whole grows with
+    the bytes and with the members downloading from the same peer at once (audit.py `frames_deadline_s`)."""
+    import socket
+
+    from pathswarm.protocol.rounds.audit import AuditService, frames_deadline_s
+    from pathswarm.protocol.rounds.messages import FrameHeader, FramesReply
+    from pathswarm.protocol.rounds.state_parts import FLOOR_BYTES_PER_S
+    from pathswarm.protocol.wire import _PREFIX, MAGIC, Traffic, read_message, write_message
+
+    assert frames_deadline_s(20.0, 15, 1_200_000, 15) == 20.0 + 15 * 1_200_000 * 15 / FLOOR_BYTES_PER_S
+    assert frames_deadline_s(20.0, 15, 1_200_000) == 20.0 + 15 * 1_200_000 / FLOOR_BYTES_PER_S
+    assert frames_deadline_s(20.0, 0, 1_200_000, 15) == 20.0
+    frame = bytes(range(256)) * 1024  # 256 KB: four 64 KB chunks, each written after a pause
+
+    class Streams:
+        def __init__(self, stall_after: int | None):
+            self.stall_after = stall_after
+
+        async def open(self, peer, name):
+            ours, theirs = socket.socketpair()
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            r1, w1 = await asyncio.open_connection(sock=ours)
+            r2, w2 = await asyncio.open_connection(sock=theirs)
+            asyncio.get_running_loop().create_task(self.serve(r2, w2))
+            return r1, w1
+
+        async def serve(self, reader, writer):  # a reducer on a slow uplink: 0.15 s per 64 KB
+            await read_message(reader, 0)
+            await write_message(writer, FramesReply("ok", 1).header())
+            await write_message(writer, FrameHeader("QmB", 7).header())
+            writer.write(_PREFIX.pack(MAGIC, 2, len(frame)) + b"{}")  # the frame's message, written by hand, slowly
+            for i, off in enumerate(range(0, len(frame), 1 << 16)):
+                if self.stall_after is not None and i >= self.stall_after:
+                    await asyncio.sleep(10)  # stops sending, the connection still open
+                await asyncio.sleep(0.15)
+                writer.write(frame[off:off + (1 << 16)])
+                await writer.drain()
+
+    def fetch(stall_after: int | None):
+        svc = AuditService(Streams(stall_after), "t", {"shared": 10}, lambda m: 1 << 20, None, Traffic(), idle_s=0.4)
+
+        async def go():
+            t0 = asyncio.get_running_loop().time()
+            got = await svc.fetch_frames("QmR", "shared", 3, 5.0, frozenset({"QmB"}))
+            return got, asyncio.get_running_loop().time() - t0
+
+        return asyncio.run(go())
+
+    got, took = fetch(None)
+    assert got == {"QmB": (7, frame)} and took > 0.4  # longer than the idle limit, moving all along: read to the end
+    got, took = fetch(2)
+    assert got is None and took < 2.0  # two chunks, then nothing: cut after 0.4 s idle, not at the 5 s deadline
+
+
+def test_a_check_waits_longer_for_the_frames_of_a_larger_group():
+    from types import SimpleNamespace
+
+    from pathswarm.node.peer.audit import Auditor, Received
+    from pathswarm.node.peer.config import NodeConfig
+    from pathswarm.node.peer.node_status import NodeStatus
+    from pathswarm.protocol.rounds.audit import frames_deadline_s
+
+    spec = SwarmSpec(name="audit")
+    exchange = SimpleNamespace(audits=SimpleNamespace(frame_limit=lambda m: 1_000_000))
+    a = Auditor(NodeConfig(spec=spec, audit_rate=0.2), NodeStatus(peer_id="QmMe"), exchange, None)
+
+    def received(n: int, own: bool) -> Received:
+        peers = ("QmMe", *(f"Qm{i}" for i in range(n - 1)))
+        return Received("Qm0", tuple((p, 5) for p in peers), "ab" * 32, b"x", 1.0, peers, (5, b"f") if own else None)
+
+    timeout = spec.averaging.timeout_s
+    assert a._deadline_s("shared", received(16, own=True)) == frames_deadline_s(timeout, 15, 1_000_000, 15)
+    assert a._deadline_s("shared", received(16, own=False)) == frames_deadline_s(timeout, 16, 1_000_000, 15)
+    assert a._deadline_s("shared", received(2, own=True)) < a._deadline_s("shared", received(16, own=True))

@@ -27,8 +27,10 @@ from pathswarm.protocol.wire import WireError
 H = frame_hash(b"frame")
 MESSAGES = [
     ContributeRequest("L0M0", 3, 640, "ab" * 32, "cert", client=True),
+    # as a member reads it: the frames' hashes stay with the reducer (`frames`), the list travels as (peer, tokens),
+    # one commitment and the member's own entry
     RoundReply("L0M0", 3, RoundStatus.MERGED, ("QmA", "QmB"), 1280, "cd" * 32, "", ("QmA", "QmB"), "",
-               (("QmA", 640, H), ("QmB", 640, H))),
+               listed=(("QmA", 640), ("QmB", 641)), frames_digest="ef" * 32, own=H),
     RoundReply("L0M0", 3, RoundStatus.REDIRECT, reason="QmA holds this round", redirect="QmA"),
     StanceRequest("shared", 7, "ab" * 32, "cert"),
     StanceReply(Stance.OPEN),
@@ -95,25 +97,37 @@ def test_replies_that_are_not_what_they_say():
 
 def test_a_result_says_its_contributors_and_a_sorted_candidate_list_once():
     """The contributors are the frame list's peers and a round in slices names them, sorted, as the next candidates:
-    both lists travel once (a reply of 16 members carried each three times, a third of a small slice's mean)."""
+    both lists travel once (a reply of 16 members carried each three times, a third of a small slice's mean), and the
+    frames' hashes travel as one commitment plus the member's own entry (protocol v5)."""
     import json
 
-    from pathswarm.protocol.rounds.messages import SORTED_CONTRIBUTORS
+    from pathswarm.protocol.rounds.messages import SORTED_CONTRIBUTORS, RoundStatus, commit_frames
 
     peers = tuple(f"Qm{i:044d}" for i in range(16))
-    frames = tuple((p, 10, "ab" * 32) for p in peers)
+    frames = tuple((p, 10, f"{i:064x}") for i, p in enumerate(peers))
     sliced = RoundReply("m[1/16]", 3, "merged", peers, 160, "cd" * 32, reducers=peers, frames=frames)
-    head = sliced.header()
-    assert "contributors" not in head and head["reducers"] == SORTED_CONTRIBUTORS
-    assert len(json.dumps(head)) < 2400
+    head = sliced.to(peers[4], RoundStatus.MERGED).header()
+    assert head["reducers"] == SORTED_CONTRIBUTORS and head["frame_tokens"] == 10 and "listed" not in head
+    assert len(json.dumps(head)) < 1300  # 16 entries: 2.3 KB with a hash each (protocol v4)
     back = RoundReply.parse(json.loads(json.dumps(head)), b"x")
-    assert back.contributors == peers and back.reducers == peers and back.frames == frames
+    assert back.contributors == peers and back.reducers == peers
+    assert back.listed == tuple((p, 10) for p in peers) and back.frames == ()  # the hashes stay with the reducer
+    assert back.frames_digest == commit_frames(frames) and back.own == frames[4][2]
+    assert RoundReply.parse(sliced.to("QmLate", RoundStatus.LATE).header()).own == ""  # not listed: no entry
+    # unequal token counts travel one per contributor
+    mixed = tuple((p, 10 + i, h) for i, (p, _, h) in enumerate(frames))
+    assert RoundReply.parse(RoundReply("m", 3, "merged", peers, 1, "", frames=mixed).header()).listed == tuple(
+        (p, t) for p, t, _ in mixed)
     # a list that is not the sorted contributors (one reducer's: itself first) is sent as it is
     star = RoundReply("m", 3, "merged", peers, 160, "cd" * 32, reducers=(peers[5], *peers[:5], *peers[6:]),
                       frames=frames)
     assert RoundReply.parse(star.header()).reducers == star.reducers
     # contributors other than the frame list's peers (a liar's, or a failed round's) are sent, and the member's check
     # compares the two (protocol/rounds/member.py)
-    odd = RoundReply("m", 3, "merged", peers[:3], 30, "", frames=frames[:2])
-    assert RoundReply.parse(odd.header()).contributors == peers[:3]
+    odd = RoundReply.parse(RoundReply("m", 3, "merged", peers[:3], 30, "", frames=frames[:2]).header())
+    assert odd.contributors == peers[:3] and odd.listed == ((peers[0], 10), (peers[1], 10))
     assert RoundReply.parse(RoundReply("m", 3, "failed", reason="x").header()).contributors == ()
+    # a commitment that is not sha256 hex, or token counts that do not match the contributors, list nothing
+    for bad in ({"frames_digest": "zz"}, {"frame_tokens": [10, 10]}, {"frame_tokens": True}, {"own": "x"}):
+        got = RoundReply.parse({**head, **bad})
+        assert (got.listed == () and got.frames_digest == "") if "own" not in bad else got.own == ""

@@ -14,7 +14,7 @@ from pathswarm.compression import CodecError, ErrorFeedback, SparseCodec, encode
 from pathswarm.compression.frame import checksum
 from pathswarm.compression.sparse import decode_sparse
 from pathswarm.node.train.round import make_contribution, settle
-from pathswarm.protocol.rounds.messages import frame_hash
+from pathswarm.protocol.rounds.messages import commit_frames, frame_hash
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.rule import audit_mean, close_round, encode_mean
 from pathswarm.protocol.spec import CodecSpec, SpecError, SwarmSpec
@@ -171,10 +171,11 @@ def test_a_sparse_round_keeps_replicas_identical_and_its_audit_catches_a_lie():
         assert done.applied and not done.diverged
         digests.add(done.state.digest())
     assert digests == {closed.digest_after}
-    listed = [(n, t, frame_hash(f)) for n, (t, f) in frames.items()]
-    assert audit_mean(frames, listed, closed.mean_frame, numel, SPEC, 0.0) is None
+    entries = [(n, t, frame_hash(f)) for n, (t, f) in frames.items()]
+    listed, digest = [(n, t) for n, t, _ in entries], commit_frames(entries)
+    assert audit_mean(frames, listed, digest, closed.mean_frame, numel, SPEC, 0.0) is None
     lie = encode_mean(-mean, SPEC.codec)
-    assert "away from it" in audit_mean(frames, listed, lie, numel, SPEC, 0.0)
+    assert "away from it" in audit_mean(frames, listed, digest, lie, numel, SPEC, 0.0)
 
 
 def test_a_sparse_swarm_refuses_int8_frames_and_the_reverse():
