@@ -257,6 +257,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs per arm (run-to-run spread is several %%)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms among {', '.join(ARMS)} "
                     "(clean is always run: the others are measured against it)")
+    ap.add_argument("--workdir", default="", help="keep every run's logs, statuses and checkpoints here")
     args = ap.parse_args()
     arms_run = ["clean", *(a for a in args.arms.split(",") if a in ARMS and a != "clean")]
     if args.replot:
@@ -265,7 +266,8 @@ def main() -> None:
     t0 = time.monotonic()
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # tests.*
     runs: dict[str, list[dict]] = {a: [] for a in arms_run}
-    with tempfile.TemporaryDirectory(prefix="pathswarm-hostile-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="pathswarm-hostile-") as scratch:
+        tmp = args.workdir or scratch
         for rep in range(args.repeats):
             for arm in arms_run:  # interleaved: a slow patch of the machine hits every arm alike
                 got = run_arm(arm, args.rounds, Path(tmp) / f"{arm}-{rep}")
