@@ -8,7 +8,8 @@ into its phases:
 - round 0 has no agreed list yet: one reducer in both arms (protocol/rounds/slices.py `slice_count`);
 - rounds 1-3 are the reducers' checked rounds (node/peer/audit.py `NEW_REDUCER_AUDITS`): members download the
   frames of every new reducer's round before applying it (`probation` below);
-- the rounds after are the steady state, audited at random at the nodes' default rate (`steady`).
+- round 4 is a transition (STEADY_FROM), the rounds after it the steady state, audited at random at the nodes'
+  default rate (`steady`).
 Per arm and N: each node's bytes sent and received per round in each phase, the busiest node's ÷ the median node's,
 the busiest node's ÷ one full frame of its modules (a star member's bytes sent per round: its frame and a header),
 and the round's wall time (median over nodes of the time between two rounds, steady state).
@@ -23,6 +24,7 @@ this machine's cores), not link time.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import tempfile
 import time
@@ -42,6 +44,11 @@ SLICES = 16
 """The sliced arm's cap: at most one slice per member, so N slices up to 16 members."""
 PROBATION = range(1, 4)
 """Rounds whose results are checked before applying (the first three of each new reducer: all reducers are new)."""
+STEADY_FROM = PROBATION.stop + 1
+"""The steady state is counted from the report of this round on. The round after the checked ones is a transition:
+a node reports round 4 as soon as it applied it, while it still serves the frames of the slices it reduced in round 3
+to the members checking them (a node that reported early sent up to 10 frames in that round at 16 nodes, against 2-3
+in every later one: benchmarks/results/scale.json `seen`)."""
 
 
 def write_spec(workdir: Path, grid: str, slices: int, h: int, grace_s: float) -> tuple[SwarmSpec, Path]:
@@ -107,16 +114,16 @@ def phases(result: dict) -> dict:
     """Per node and phase: bytes sent and received per round; the round's wall time in steady state."""
     rounds = result["rounds"]
     out = {"round0": {}, "probation": {}, "steady": {}, "steady_round_s": None}
-    spans = {"round0": (0, 1), "probation": (PROBATION.start, PROBATION.stop), "steady": (PROBATION.stop, rounds)}
+    spans = {"round0": (0, 1), "probation": (PROBATION.start, PROBATION.stop), "steady": (STEADY_FROM, rounds)}
     times = []
     for node, seen in result["seen"].items():
         for phase, (a, b) in spans.items():
             got = per_round(seen, a, b)
             if got is not None:
                 out[phase][node] = {"sent": got[0], "received": got[1]}
-        a, b = seen.get(str(PROBATION.stop)), seen.get(str(rounds))
+        a, b = seen.get(str(STEADY_FROM)), seen.get(str(rounds))
         if a and b:
-            times.append((b[0] - a[0]) / (rounds - PROBATION.stop))
+            times.append((b[0] - a[0]) / (rounds - STEADY_FROM))
     out["steady_round_s"] = statistics.median(times) if times else None
     return out
 
@@ -161,23 +168,7 @@ def plot(results: list[dict], path: str) -> None:
     save_plot(fig, path)
 
 
-def main() -> None:
-    ap = arguments(__doc__, "scale", plot=True, replot=True)
-    ap.add_argument("--sizes", default="2,4,8,16", help="comma-separated node counts")
-    ap.add_argument("--grids", default="1x1,2x2", help="comma-separated specs: 1x1, 2x2")
-    ap.add_argument("--arms", default="star,slices")
-    ap.add_argument("--rounds", type=int, default=7, help="rounds per run (0, 1-3 checked, the rest steady)")
-    ap.add_argument("--inner-steps", type=int, default=10)
-    ap.add_argument("--grace-s", type=float, default=30.0,
-                    help="grace window: N processes share this machine's cores, so a round's slowest member lags")
-    args = ap.parse_args()
-    if args.replot:
-        from _swarm_common import read_json as read_results
-
-        plot(read_results(args.json)["runs"], args.plot)
-        return
-    if args.rounds <= PROBATION.stop:
-        raise SystemExit(f"--rounds must be above {PROBATION.stop}: the steady state comes after the checked rounds")
+def measure(args: argparse.Namespace) -> list[dict]:
     runs = []
     with tempfile.TemporaryDirectory(prefix="pathswarm-scale-") as tmp:
         for grid in args.grids.split(","):
@@ -191,6 +182,39 @@ def main() -> None:
                     runs.append(got)
                     print(f"  {got['wall_s']:.0f} s; replicas compared {got['replicas_compared']}, "
                           f"mismatches {len(got['replica_mismatches'])}", flush=True)
+    return runs
+
+
+def main() -> None:
+    ap = arguments(__doc__, "scale", plot=True, replot=True)
+    ap.add_argument("--sizes", default="2,4,8,16", help="comma-separated node counts")
+    ap.add_argument("--grids", default="1x1,2x2", help="comma-separated specs: 1x1, 2x2")
+    ap.add_argument("--arms", default="star,slices")
+    ap.add_argument("--rounds", type=int, default=11,
+                    help="rounds per run (0, 1-3 checked, 4 the transition, the rest steady)")
+    ap.add_argument("--resummarize", action="store_true",
+                    help="only recompute the phases, summaries and goals of the runs in --json (their raw reports)")
+    ap.add_argument("--inner-steps", type=int, default=10)
+    ap.add_argument("--grace-s", type=float, default=30.0,
+                    help="grace window: N processes share this machine's cores, so a round's slowest member lags")
+    args = ap.parse_args()
+    if args.replot:
+        from _swarm_common import read_json as read_results
+
+        plot(read_results(args.json)["runs"], args.plot)
+        return
+    if args.rounds <= STEADY_FROM:
+        raise SystemExit(f"--rounds must be above {STEADY_FROM}: the steady state comes after the checked rounds")
+    if args.resummarize:  # the phases and goals again from the runs' raw reports (`seen`), measured before
+        from _swarm_common import read_json as read_results
+
+        saved = read_results(args.json)
+        runs = saved["runs"]
+        args = argparse.Namespace(**{**saved["args"], "json": args.json, "plot": args.plot})
+        for got in runs:
+            got["phases"] = phases(got)
+    else:
+        runs = measure(args)
     # One full frame of a node's modules: what a star member sends per round in steady state (its frames, headers).
     for r in runs:
         star = next((s for s in runs if s["grid"] == r["grid"] and s["nodes"] == r["nodes"] and s["arm"] == "star"),
