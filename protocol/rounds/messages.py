@@ -294,7 +294,7 @@ class RoundReply(Message):
                    tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0 else 0,
                    str(header.get("digest_after") or "")[:64], str(header.get("reason") or "")[:MAX_REASON],
                    reducers, str(header.get("redirect") or "")[:MAX_ID], mean_frame=mean_frame, listed=listed,
-                   frames_digest=str(digest) if listed else "", own=own if listed and _is_hex64(own) else "")
+                   frames_digest=str(digest) if listed else "", own=str(own) if listed and _is_hex64(own) else "")
 
 
 @dataclass(frozen=True)
