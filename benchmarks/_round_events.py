@@ -48,8 +48,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from pathswarm.protocol.rounds.frame_list import MAX_LISTED
 from pathswarm.protocol.rounds.messages import (
-    MAX_LISTED,
     ContributeRequest,
     FrameHeader,
     FramesReply,

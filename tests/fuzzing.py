@@ -70,7 +70,7 @@ from pathswarm.protocol.records import (
     record_to_wire,
 )
 from pathswarm.protocol.rounds.exchange import ModuleExchange
-from pathswarm.protocol.rounds.messages import MAX_LISTED, commit_frames, frame_hash, parse_listed
+from pathswarm.protocol.rounds.frame_list import MAX_LISTED, commit_frames, frame_hash, parse_listed
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducers import Stance
 from pathswarm.protocol.spec import AveragingSpec, MembershipSpec, RouterSpec, SpecError, SwarmSpec, loads_spec

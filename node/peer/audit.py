@@ -31,7 +31,8 @@ from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.rounds.audit import FRAMES_KEPT, Alert, frames_deadline_s
 from pathswarm.protocol.rounds.exchange import ModuleExchange
-from pathswarm.protocol.rounds.messages import Listed, RoundReply, frame_hash
+from pathswarm.protocol.rounds.frame_list import Listed, frame_hash
+from pathswarm.protocol.rounds.messages import RoundReply
 from pathswarm.protocol.rounds.rule import audit_mean
 from pathswarm.protocol.rounds.slices import module_of_unit
 from pathswarm.protocol.wire import FramesMissingError, UnreachableError

@@ -2,7 +2,7 @@
 
 No reducer is trusted alone (docs/SECURITY.md). A round's result lists every contribution the reducer merged as
 (peer, tokens) and commits to the frames with one hash over (peer, tokens, sha256 of the frame) of them all
-(messages.py `commit_frames`); each member's reply names the hash of its own listed frame, so each member finds its
+(frame_list.py `commit_frames`); each member's reply names the hash of its own listed frame, so each member finds its
 own entry or knows the reducer misreported it (protocol/rounds/member.py). Members also audit rounds at random,
 with local randomness the reducer cannot predict (node/peer/audit.py): they fetch the listed frames from the reducer
 (`fetch_frames`), check that they hash to the commitment the reducer sent everybody, and recompute the round rule's
@@ -25,8 +25,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pathswarm.protocol.rounds.frame_list import MAX_LISTED
 from pathswarm.protocol.rounds.messages import (
-    MAX_LISTED,
     Ack,
     AlertRequest,
     FrameHeader,

@@ -25,7 +25,7 @@ PROTOCOL_VERSION = "v5"
 # v3: results list their merged frames' hashes, which members check (audit.py); v4: a result's contributors are its
 # frame list's peers unless it names them, and its reducers may be "=", its contributors sorted (messages.py); rounds
 # in slices (slices.py); v5: a result commits to its frame list with one hash and tells each member its own entry
-# (messages.py `commit_frames`)
+# (frame_list.py `commit_frames`)
 MAX_CLIENTS = 4096  # most client peers remembered (one set entry each)
 
 

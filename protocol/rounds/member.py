@@ -17,7 +17,8 @@ import dataclasses
 import logging
 
 from pathswarm.protocol.rounds.context import Context
-from pathswarm.protocol.rounds.messages import ContributeRequest, Refusal, RoundReply, RoundStatus, frame_hash
+from pathswarm.protocol.rounds.frame_list import frame_hash
+from pathswarm.protocol.rounds.messages import ContributeRequest, Refusal, RoundReply, RoundStatus
 from pathswarm.protocol.rounds.reducer import Reducer
 from pathswarm.protocol.rounds.reducer_state import RESULTS_KEPT, failed
 from pathswarm.protocol.rounds.slices import module_of_unit

@@ -11,81 +11,34 @@ the reducer, which a refused message would not be.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Self
 
+from pathswarm.protocol.rounds.frame_list import (
+    MAX_ID,
+    MAX_LISTED,
+    MAX_TOKENS,
+    FrameEntry,
+    Listed,
+    commit_frames,
+    is_sha256_hex,
+    parse_listed,
+)
 from pathswarm.protocol.rounds.reducers import Stance, parse_candidates
 from pathswarm.protocol.rounds.state_parts import MAX_STATE_PARTS
 from pathswarm.protocol.wire import WireError
 
 MAX_ROUND = 1 << 62
 """Rounds are int64 everywhere (records.MAX_COUNT); state_digest packs them in 8 bytes."""
-MAX_TOKENS = 1 << 53
-"""Most tokens one contribution may count (exact in a float; no round trains so many)."""
-MAX_ID = 128
-"""Longest module or peer id accepted."""
 MAX_REASON = 200
 """Longest reason kept from a peer's message."""
-MAX_CONTRIBUTORS = MAX_LISTED = 1024
+MAX_CONTRIBUTORS = MAX_LISTED
 """Most contributions a result may list."""
 
 SORTED_CONTRIBUTORS = "="
 """A result's `reducers` when they are its contributors, sorted (a round in slices names them so): said in one
 character instead of a second copy of the list."""
-
-FrameEntry = tuple[str, int, str]
-"""(peer, tokens, sha256 hex of its frame): one merged contribution, as the reducer knows it."""
-Listed = tuple[str, int]
-"""(peer, tokens): one merged contribution as a result tells its members; the frame hashes are behind the result's
-`frames_digest`."""
-
-
-def frame_hash(frame: bytes) -> str:
-    return hashlib.sha256(frame).hexdigest()
-
-
-def _is_hex64(value: object) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
-
-
-def commit_frames(entries: Sequence[FrameEntry]) -> str:
-    """One sha256 over a result's whole frame list, in its order: what a result carries instead of a hash per frame.
-    An auditor recomputes it from the frames it downloads; a member checks its own entry against `own` (RoundReply).
-    A list of N entries cost every reply about 130·N bytes (N reducers' replies to N members in a round in slices:
-    0.3 of a frame a round per node at 16 holders, benchmarks/scale.py); the commitment costs 64."""
-    h = hashlib.sha256()
-    for peer, tokens, digest in entries:
-        h.update(f"{peer} {tokens} {digest}\n".encode())
-    return h.hexdigest()
-
-
-def parse_listed(value: object) -> tuple[Listed, ...]:
-    """A result's list of merged contributions, received from a peer (untrusted): ValueError unless it is a list of
-    at most MAX_LISTED [peer id, positive int], peers distinct."""
-    if not isinstance(value, list) or len(value) > MAX_LISTED:
-        raise ValueError("the frame list is not a bounded list")
-    out = []
-    for item in value:
-        if not (isinstance(item, list) and len(item) == 2):
-            raise ValueError("a frame entry is not [peer, tokens]")
-        peer, tokens = item
-        if not (isinstance(peer, str) and 0 < len(peer) <= MAX_ID and peer.isalnum()):
-            raise ValueError("a frame entry's peer is not a peer id")
-        if not (isinstance(tokens, int) and not isinstance(tokens, bool) and 0 < tokens <= MAX_TOKENS):
-            raise ValueError("a frame entry's token count is out of range")
-        out.append((peer, tokens))
-    if len({p for p, _ in out}) != len(out):
-        raise ValueError("a peer is listed twice")
-    return tuple(out)
-
-
-def list_frames(frames: dict[str, tuple[int, bytes]], used: tuple[str, ...] | list[str]) -> tuple[FrameEntry, ...]:
-    """The merged peers' (peer, tokens as sent, frame hash), in the order of `used`: what a result commits to."""
-    return tuple((p, frames[p][0], frame_hash(frames[p][1])) for p in used)
-
 
 class RoundStatus(StrEnum):
     """How a round ended for one member (the reply to its contribution)."""
@@ -268,7 +221,7 @@ class RoundReply(Message):
         listed: tuple[Listed, ...] = ()
         digest = header.get("frames_digest")
         try:  # a result whose list does not parse lists nothing: our own entry is then missing
-            if not _is_hex64(digest):
+            if not is_sha256_hex(digest):
                 raise ValueError("no frame list commitment")
             if "listed" in header:
                 listed = parse_listed(header["listed"])
@@ -294,7 +247,7 @@ class RoundReply(Message):
                    tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0 else 0,
                    str(header.get("digest_after") or "")[:64], str(header.get("reason") or "")[:MAX_REASON],
                    reducers, str(header.get("redirect") or "")[:MAX_ID], mean_frame=mean_frame, listed=listed,
-                   frames_digest=str(digest) if listed else "", own=str(own) if listed and _is_hex64(own) else "")
+                   frames_digest=str(digest) if listed else "", own=str(own) if listed and is_sha256_hex(own) else "")
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from pathswarm.compression import CodecError
+from pathswarm.protocol.rounds.frame_list import commit_frames, frame_hash
 from pathswarm.protocol.rounds.merge import merge_round
-from pathswarm.protocol.rounds.messages import commit_frames, frame_hash
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.spec import CodecSpec, SwarmSpec
 
@@ -151,7 +151,7 @@ def audit_mean(frames: dict[str, tuple[int, bytes]], listed: Sequence[tuple[str,
     """Check a reducer's result against the frames it says it merged (protocol/rounds/audit.py): None when the mean is
     what the round rule makes of them, else the proof in words. `frames`: {peer: (tokens, frame)} as downloaded;
     `listed` and `frames_digest`: the result's (peer, tokens) list and its commitment to the frames
-    (messages.py `commit_frames`), as the reducer sent them to us; `reference`: the module's outer momentum norm
+    (frame_list.py `commit_frames`), as the reducer sent them to us; `reference`: the module's outer momentum norm
     before the round (`reference_norm`). Raises ValueError when the frames are not the listed ones (no proof:
     whoever served them may be the liar)."""
     if {p: t for p, (t, _) in frames.items()} != dict(listed) or commit_frames(

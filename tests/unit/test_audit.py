@@ -9,7 +9,7 @@ import torch
 
 from pathswarm.compression import decode, encode
 from pathswarm.protocol.rounds.exchange import ModuleExchange
-from pathswarm.protocol.rounds.messages import MAX_LISTED, commit_frames, frame_hash, parse_listed
+from pathswarm.protocol.rounds.frame_list import MAX_LISTED, commit_frames, frame_hash, parse_listed
 from pathswarm.protocol.rounds.messages import RoundReply as RoundResult
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducer_state import answer

@@ -4,6 +4,7 @@ exception; optional parts of a reply that do not parse are dropped, as the membe
 
 import pytest
 
+from pathswarm.protocol.rounds.frame_list import frame_hash
 from pathswarm.protocol.rounds.messages import (
     MAX_CONTRIBUTORS,
     MAX_ROUND,
@@ -19,7 +20,6 @@ from pathswarm.protocol.rounds.messages import (
     StanceRequest,
     StateReply,
     StateRequest,
-    frame_hash,
 )
 from pathswarm.protocol.rounds.reducers import Stance
 from pathswarm.protocol.wire import WireError
@@ -101,7 +101,8 @@ def test_a_result_says_its_contributors_and_a_sorted_candidate_list_once():
     frames' hashes travel as one commitment plus the member's own entry (protocol v5)."""
     import json
 
-    from pathswarm.protocol.rounds.messages import SORTED_CONTRIBUTORS, RoundStatus, commit_frames
+    from pathswarm.protocol.rounds.frame_list import commit_frames
+    from pathswarm.protocol.rounds.messages import SORTED_CONTRIBUTORS, RoundStatus
 
     peers = tuple(f"Qm{i:044d}" for i in range(16))
     frames = tuple((p, 10, f"{i:064x}") for i, p in enumerate(peers))

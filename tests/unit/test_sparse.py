@@ -14,7 +14,7 @@ from pathswarm.compression import CodecError, ErrorFeedback, SparseCodec, encode
 from pathswarm.compression.frame import checksum
 from pathswarm.compression.sparse import decode_sparse
 from pathswarm.node.train.round import make_contribution, settle
-from pathswarm.protocol.rounds.messages import commit_frames, frame_hash
+from pathswarm.protocol.rounds.frame_list import commit_frames, frame_hash
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.rule import audit_mean, close_round, encode_mean
 from pathswarm.protocol.spec import CodecSpec, SpecError, SwarmSpec
