@@ -4,7 +4,8 @@ checking them, and checking what other members report.
 For each round another peer reduced and we applied, we keep what that reducer sent us (its list of merged frames,
 the mean's bytes) and the history norm the round rule needed; with probability min(1, audit_rate / group size),
 drawn from the operating system's randomness (the reducer cannot predict who audits), we download the listed
-frames from the reducer and recompute the mean (protocol/rounds/rule.py `audit_mean`). A mean that does not match is
+frames (each from its own contributor, failing that from the reducer: protocol/rounds/frame_store.py) and recompute
+the mean (protocol/rounds/rule.py `audit_mean`). A mean that does not match is
 proof: we stop trusting the reducer (never our reducer again, its frames refused) and alert the round's other
 contributors. An alert makes its receiver download the frames from the alerter and check them against the result
 *it* received: only that check moves it. The round the liar reduced stays applied on every replica that took it
@@ -29,9 +30,10 @@ from dataclasses import dataclass
 from pathswarm.node.peer.config import NodeConfig
 from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.protocol.netloop import NetLoop
-from pathswarm.protocol.rounds.audit import FRAMES_KEPT, Alert, frames_deadline_s
+from pathswarm.protocol.rounds.audit import Alert, Gathered, frames_deadline_s
 from pathswarm.protocol.rounds.exchange import ModuleExchange
 from pathswarm.protocol.rounds.frame_list import Listed, frame_hash
+from pathswarm.protocol.rounds.frame_store import FRAMES_KEPT
 from pathswarm.protocol.rounds.messages import RoundReply
 from pathswarm.protocol.rounds.rule import audit_mean
 from pathswarm.protocol.rounds.slices import module_of_unit
@@ -157,11 +159,14 @@ class Auditor:
             return ""
         listed = frozenset(p for p, _ in got.listed)
         deadline = time.monotonic() + self._deadline_s(module, got)
-        unreachable = 0
+        unreachable, first = 0, True
         while True:
             left = deadline - time.monotonic()
-            fut = self.net.submit(self.exchange.audits.fetch_frames(reducer, module, round_, max(1.0, left), listed,
+            # First from each contributor (its own frame), then from the reducer; asking again: the reducer only.
+            fut = self.net.submit(self._download(module, round_, reducer, got, max(1.0, left)) if first else
+                                  self.exchange.audits.fetch_frames(reducer, module, round_, max(1.0, left), listed,
                                                                     skip=self.status.peer_id if got.own else ""))
+            first = False
             try:
                 fut.result(max(1.0, left) + 5)
             except Exception:  # the check below reads the failure from the future
@@ -191,14 +196,23 @@ class Auditor:
         return frames_deadline_s(self.spec.averaging.timeout_s, frames, self.exchange.audits.frame_limit(module),
                                  downloaders=max(1, len(got.contributors) - 1))
 
+    def _download(self, module: str, round_: int, reducer: str, got: Received, timeout_s: float):
+        """A download of the round's frames for our own check: each from its contributor, failing that from the
+        reducer (protocol/rounds/audit.py `gather_frames`). A coroutine for the network loop."""
+        return self.exchange.audits.gather_frames(reducer, module, round_, got.listed, got.frames_digest,
+                                                  self.status.peer_id, got.own, timeout_s)
+
     def _fetch(self, module: str, round_: int, source: str, alert: Alert | None) -> None:
         got = self.received.get((module, round_))
         if got is None:
             return
         timeout = self._deadline_s(module, got)
-        listed = frozenset(p for p, _ in got.listed)
-        fut = self.net.submit(self.exchange.audits.fetch_frames(source, module, round_, timeout, listed,
-                                                                skip=self.status.peer_id if got.own else ""))
+        if alert is None:  # our own audit of the reducer `source`
+            fut = self.net.submit(self._download(module, round_, source, got, timeout))
+        else:  # the alerter's frames: those it says prove the lie
+            fut = self.net.submit(self.exchange.audits.fetch_frames(source, module, round_, timeout,
+                                                                    frozenset(p for p, _ in got.listed),
+                                                                    skip=self.status.peer_id if got.own else ""))
         self.checks.append(_Check(module, round_, source, alert, fut))
 
     def poll(self) -> None:
@@ -248,7 +262,7 @@ class Auditor:
             frames = None
         if got is None or got.reducer in self.exchange.distrusted:
             return ""
-        proof = None
+        proof, gathered = None, isinstance(frames, Gathered)
         if frames is not None:
             if got.own is not None:
                 frames = {**frames, self.status.peer_id: got.own}
@@ -273,7 +287,7 @@ class Auditor:
                                    "are checked before they are applied", check.module, check.round,
                                    got.reducer[-8:], NEW_REDUCER_AUDITS)
                 return ""
-            self.status.audited()
+            self.status.audited(gathered)
         elif proof is None and frames is None:
             self.alerted.discard((check.module, check.round))  # could not download: another alert may try again
             return ""

@@ -128,6 +128,8 @@ class NodeStatus:
     announce: DHT records; status: the status file). Their sum is the round's cost in training time."""
     audits: int = 0
     """Rounds of other reducers this node recomputed from their frames (node/peer/audit.py)."""
+    audits_gathered: int = 0
+    """Of `audits`, those whose frames each came from its own contributor (the others': from the reducer)."""
     distrusted: dict[str, str] = field(default_factory=dict)
     """peer → why this node stopped trusting it (a misreported contribution, a mean its frames do not give)."""
     state: str = "starting"
@@ -285,8 +287,9 @@ class NodeStatus:
         """`mid`'s anchor after a round applied: its largest |value|."""
         self.anchor_max_abs[mid] = max(self.anchor_max_abs.get(mid, 0.0), max_abs)
 
-    def audited(self) -> None:
+    def audited(self, gathered: bool = False) -> None:
         self.audits += 1
+        self.audits_gathered += gathered
 
     def distrusting(self, peers: dict[str, str]) -> None:
         """Whom we stopped trusting, and why (a copy of the exchange's list, newest last)."""

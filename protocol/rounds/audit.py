@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
+import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pathswarm.protocol.rounds.frame_list import MAX_LISTED
+from pathswarm.protocol.rounds.frame_list import Listed, commit_frames, frame_hash
+from pathswarm.protocol.rounds.frame_store import NOT_YET, FrameStore
 from pathswarm.protocol.rounds.messages import (
     Ack,
     AlertRequest,
@@ -48,10 +49,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-FRAMES_KEPT = 2
-"""Rounds per module whose merged frames a reducer (or an auditor that fetched them) keeps for audits."""
+GATHER_AT_ONCE = 16
+"""A check's frames downloads from contributors running at once."""
+GATHER_RETRY_S = (0.25, 2.0)
+"""First and longest pause before asking a contributor that refused (its reply not come yet, busy) again."""
 ALERTS_KEPT = 64
 """Alerts waiting to be checked; more are dropped (an alert costs its receiver a download)."""
+
+class Gathered(dict):
+    """A round's frames, each downloaded from its own contributor (`gather_frames`), not from the reducer."""
+
 
 @dataclass(frozen=True)
 class Alert:
@@ -61,39 +68,6 @@ class Alert:
     module: str
     round: int
     reducer: str
-
-
-class FrameStore:
-    """The frames of the last FRAMES_KEPT rounds per module that we merged or fetched for an audit."""
-
-    def __init__(self):
-        self._rounds: dict[tuple[str, int], dict[str, tuple[int, bytes]]] = {}
-        self._late: dict[tuple[str, int], set[str]] = {}
-        """Members that got the round late (their frame is not in it, they apply it): they may read it too."""
-        self._lock = threading.Lock()  # the reducer keeps on the network loop, an auditor in the training thread
-
-    def keep(self, module: str, round_: int, frames: dict[str, tuple[int, bytes]]) -> None:
-        with self._lock:
-            self._rounds[(module, round_)] = dict(frames)
-            for old in sorted(r for m, r in self._rounds if m == module)[:-FRAMES_KEPT]:
-                self._rounds.pop((module, old), None)
-                self._late.pop((module, old), None)
-
-    def allow(self, module: str, round_: int, peer: str) -> None:
-        """`peer` got the round's result late (it applies it without its frame in it): it may read the frames."""
-        with self._lock:
-            late = self._late.setdefault((module, round_), set()) if (module, round_) in self._rounds else None
-            if late is not None and len(late) < MAX_LISTED:
-                late.add(peer)
-
-    def get(self, module: str, round_: int) -> dict[str, tuple[int, bytes]] | None:
-        with self._lock:
-            return self._rounds.get((module, round_))
-
-    def may_read(self, module: str, round_: int, peer: str) -> bool:
-        """Only the round's members read its frames: its contributors, and those that got it late."""
-        with self._lock:
-            return peer in self._rounds.get((module, round_), {}) or peer in self._late.get((module, round_), ())
 
 
 Serve = Callable[[str, str, asyncio.StreamReader, asyncio.StreamWriter, Callable[[dict], Awaitable[None]]],
@@ -136,6 +110,9 @@ class AuditService:
         async def handle(header: dict) -> None:
             ask = FramesRequest.parse(header)
             module, round_ = ask.module, ask.round
+            if ask.only:
+                await self._serve_one(writer, module, round_, ask.only, sender)
+                return
             frames = self.store.get(module, round_) if module in self.numels else None
             # Only the round's own members may read its frames (its contributors, who audit it and whom an auditor
             # alerts, and those that got it late and apply it too): members' outer gradients are not the whole
@@ -151,6 +128,103 @@ class AuditService:
                 await write_message(writer, {}, frame, self.traffic, idle_s=self.idle_s)
 
         await self.serve("frames", sender, reader, writer, handle)
+
+    async def _serve_one(self, writer: asyncio.StreamWriter, module: str, round_: int, peer: str, sender: str) -> None:
+        """One contributor's frame (ours, or one of a round we reduced) to a member gathering a round's frames."""
+        got = self.store.own_frame(module, round_, peer, sender) if module in self.numels else None
+        if got is None or got == NOT_YET:
+            # not yet: our reply of the round has not come, so we do not know the asker is one of its members
+            await write_message(writer, FramesReply("refused" if got else "missing").header(), b"", self.traffic)
+            return
+        assert not isinstance(got, str)
+        tokens, frame = got
+        await write_message(writer, FramesReply("ok", 1).header(), b"", self.traffic)
+        await write_message(writer, FrameHeader(peer, tokens).header(), b"", self.traffic, idle_s=self.idle_s)
+        await write_message(writer, {}, frame, self.traffic, idle_s=self.idle_s)
+
+    async def gather_frames(self, reducer: str, module: str, round_: int, listed: tuple[Listed, ...],
+                            frames_digest: str, me: str, own: tuple[int, bytes] | None,
+                            timeout_s: float) -> dict[str, tuple[int, bytes]] | None:
+        """The frames a round's result lists, but ours (`own`, when the result lists the frame we hold), as
+        {contributor: (tokens, frame)}: each asked from its own contributor first, all at once (frame_store.py says
+        why), for half of `timeout_s` at most; they count only if they give the result's commitment. Failing that
+        (a contributor gone, one whose reply never came, or one that served another frame), all of them from the
+        reducer, as `fetch_frames`, which also raises what it raises: a mismatch there proves the reducer a liar,
+        one among frames from many peers proves nobody."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        if own is not None:  # else we are late (not a contributor), or the result lists a frame we no longer hold
+            spread_s = min(timeout_s / 2, frames_deadline_s(self.idle_s, 1, self.frame_limit(module),
+                                                            downloaders=len(listed)))
+            got = await self._from_contributors(module, round_, listed, frames_digest, me, own, spread_s)
+            if got is not None:
+                return got
+        left = max(1.0, timeout_s - (loop.time() - start))
+        return await self.fetch_frames(reducer, module, round_, left, frozenset(p for p, _ in listed),
+                                       skip=me if own is not None else "")
+
+    async def _from_contributors(self, module: str, round_: int, listed: tuple[Listed, ...], frames_digest: str,
+                                 me: str, own: tuple[int, bytes] | None,
+                                 window_s: float) -> dict[str, tuple[int, bytes]] | None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + window_s
+        gate = asyncio.Semaphore(GATHER_AT_ONCE)
+
+        async def one(peer: str, tokens: int) -> tuple[int, bytes] | None:
+            pause = GATHER_RETRY_S[0]
+            while (left := end - loop.time()) > 0:
+                try:
+                    async with gate:
+                        got = await asyncio.wait_for(self._fetch_one(peer, module, round_), left)
+                except (FramesMissingError, UnreachableError, WireError, TimeoutError):
+                    return None  # gone, nothing of the round, or malformed: the reducer serves the frames instead
+                except Exception:  # broken stream: ask again
+                    got = None
+                if got is not None:
+                    return got if got[0] == tokens else None
+                # refused: its reply has not come yet, or busy serving the round's other checkers
+                await asyncio.sleep(min(random.uniform(pause / 2, pause), max(0.0, end - loop.time())))
+                pause = min(2 * pause, GATHER_RETRY_S[1])
+            return None
+
+        others = [(p, t) for p, t in listed if p != me]
+        frames = await asyncio.gather(*(one(p, t) for p, t in others))
+        if any(f is None for f in frames):
+            return None
+        out = {p: f for (p, _), f in zip(others, frames, strict=True) if f is not None}
+        every = {**out, me: own} if own is not None else out
+
+        def commitment() -> str:  # hashing a 25 M-parameter module's frames takes a while: off the loop
+            return commit_frames([(p, t, frame_hash(every[p][1])) for p, t in listed])
+
+        if await asyncio.to_thread(commitment) != frames_digest:
+            logger.info("frames of %s round %d gathered from its contributors do not give its commitment; asking its "
+                        "reducer", module, round_)
+            return None
+        return Gathered(out)
+
+    async def _fetch_one(self, peer: str, module: str, round_: int) -> tuple[int, bytes] | None:
+        """`peer`'s own frame of (module, round); None when it refuses (not yet, busy: ask again)."""
+        assert self.streams is not None
+        reader, writer = await self.streams.open(peer, self.frames_name)
+        try:
+            await write_message(writer, FramesRequest(module, round_, "", self.membership, only=peer).header(), b"",
+                                self.traffic)
+            header, _ = await read_message(reader, 0, self.traffic)
+            reply = FramesReply.parse(header)
+            if reply.status == "missing":
+                raise FramesMissingError(f"{peer[-8:]} keeps no frame of {module} round {round_}")
+            if reply.status != "ok":
+                return None
+            if reply.count != 1:
+                raise WireError(f"{reply.count} frames, asked for one")
+            entry = FrameHeader.parse((await read_message(reader, 0, self.traffic))[0])
+            if entry.peer != peer:
+                raise WireError("another contributor's frame")
+            _, frame = await read_message(reader, self.frame_limit(module), self.traffic, idle_s=self.idle_s)
+            return entry.tokens, frame
+        finally:
+            writer.close()
 
     async def fetch_frames(self, peer: str, module: str, round_: int, timeout_s: float, expected: frozenset[str],
                            skip: str = "") -> dict[str, tuple[int, bytes]] | None:

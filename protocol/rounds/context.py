@@ -21,11 +21,12 @@ from pathswarm.protocol.wire import Pacer, Traffic
 if TYPE_CHECKING:
     from pathswarm.protocol.net import PeerStreams
 
-PROTOCOL_VERSION = "v5"
+PROTOCOL_VERSION = "v6"
 # v3: results list their merged frames' hashes, which members check (audit.py); v4: a result's contributors are its
 # frame list's peers unless it names them, and its reducers may be "=", its contributors sorted (messages.py); rounds
 # in slices (slices.py); v5: a result commits to its frame list with one hash and tells each member its own entry
-# (frame_list.py `commit_frames`)
+# (frame_list.py `commit_frames`); v6: a check gathers each frame from its own contributor (FramesRequest `only`,
+# frame_store.py)
 MAX_CLIENTS = 4096  # most client peers remembered (one set entry each)
 
 

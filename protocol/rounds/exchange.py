@@ -73,8 +73,13 @@ class ModuleExchange:
     # ---- a round: the member's side, and the reducer's (tests call it directly) ----------------------
     async def contribute(self, candidates: list[str], module: str, round_: int, tokens: int, digest: str,
                          frame: bytes, timeout_s: float, after_lie: bool = False) -> RoundReply:
-        """Send our frame to the round's reducer (the first reachable of `candidates`) and wait for its result."""
-        return await self.member.contribute(candidates, module, round_, tokens, digest, frame, timeout_s, after_lie)
+        """Send our frame to the round's reducer (the first reachable of `candidates`) and wait for its result. The
+        frame is kept and served to the round's other contributors when they check it (frame_store.py)."""
+        store = self.audits.store
+        store.sending(module, round_, self.peer_id, tokens, frame)
+        reply = await self.member.contribute(candidates, module, round_, tokens, digest, frame, timeout_s, after_lie)
+        store.replied(module, round_, dict(reply.listed) if reply.applicable else {}, reply.own, reply.contributors)
+        return reply
 
     async def reduce(self, module: str, round_: int, sender: str, tokens: int, digest: str,
                      frame: bytes) -> RoundReply:

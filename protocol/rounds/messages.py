@@ -335,18 +335,21 @@ class StateReply(Message):
 
 @dataclass(frozen=True)
 class FramesRequest(Message):
-    """An auditor asks a round's reducer (or another auditor) for the frames the result lists."""
+    """An auditor asks a round's reducer (or another auditor) for the frames the result lists, or a contributor for
+    its own."""
 
     module: str
     round: int
     skip: str = ""
     """The asker's own frame: it has it."""
     membership: str = ""
+    only: str = ""
+    """Only this contributor's frame (a check gathering each frame from its own contributor: frame_store.py)."""
 
     @classmethod
     def parse(cls, header: dict[str, Any]) -> Self:
         return cls(_str(header, "module"), _int(header, "round"), _str(header, "skip", default=""),
-                   membership_of(header))
+                   membership_of(header), _str(header, "only", default=""))
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from pathswarm.protocol.rounds.audit import FrameStore
 from pathswarm.protocol.rounds.context import Context
 from pathswarm.protocol.rounds.frame_list import MAX_TOKENS, list_frames
+from pathswarm.protocol.rounds.frame_store import FrameStore
 from pathswarm.protocol.rounds.messages import RoundReply, RoundStatus
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducer_state import (

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pathswarm.protocol.rounds.audit import FrameStore
+from pathswarm.protocol.rounds.frame_store import FrameStore
 from pathswarm.protocol.rounds.messages import RoundReply, RoundStatus
 from pathswarm.protocol.rounds.outer import OuterState
 

@@ -250,6 +250,8 @@ def test_a_reducer_that_lies_is_caught_by_an_audit_and_left_out(tmp_path, clean_
         for n, s in st.items():
             assert "not what its frames give" in s["distrusted"].get(liar, ""), (n, s["distrusted"], swarm.tail(n, 20))
             assert s["audits"] >= 1
+            # its checks drew each frame from its own contributor, the reducer's only from it (frame_store.py)
+            assert s["audits_gathered"] >= 1, (n, s["audits"], s["audits_gathered"])
         # b trained its last rounds of `shared` without the liar.
         groups = st["b"]["groups"]["shared"]
         with_liar = [int(r) for r, members in groups.items() if liar in members]

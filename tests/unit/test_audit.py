@@ -353,6 +353,11 @@ def auditor_fetching(spec, me: str, outcome):
         def frame_limit(self, module):  # frames of no size: a download's deadline is the averaging timeout
             return 0
 
+        def gather_frames(self, reducer, module, round_, listed, frames_digest, me, own, timeout_s):
+            # as if no contributor served its frame: the reducer's download, as `fetch_frames` below
+            return self.fetch_frames(reducer, module, round_, timeout_s, frozenset(p for p, _ in listed),
+                                     skip=me if own is not None else "")
+
         def fetch_frames(self, peer, module, round_, timeout_s, expected, skip=""):
             asked.append(skip)
 

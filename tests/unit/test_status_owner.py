@@ -28,8 +28,8 @@ STATUS_FILE_FIELDS = [
     "optimizer", "micro_batch", "checkpointing", "bytes_sent", "bytes_received", "val_loss_before", "val_loss_after",
     "rounds_failed", "rounds_retried", "rounds_missed", "training_since", "train_wall_s", "digests", "module_rounds",
     "reducers", "loss_curve", "loss_history", "round_wire_s", "groups", "history", "checkpoint_round",
-    "claims_read_late", "wait_max_s", "round_work_s", "audits", "distrusted", "state", "rounds_undone",
-    "anchor_max_abs", "chains", "split_discarded", "heals"]
+    "claims_read_late", "wait_max_s", "round_work_s", "audits", "audits_gathered", "distrusted", "state",
+    "rounds_undone", "anchor_max_abs", "chains", "split_discarded", "heals"]
 
 
 class _Scope:
