@@ -51,10 +51,18 @@ logger = logging.getLogger(__name__)
 
 GATHER_AT_ONCE = 16
 """A check's frames downloads from contributors running at once."""
+GATHER_WAIT_S = 5.0
+"""How long a check waits for the round's other contributors to have their replies, beyond their frames' transfer
+time (then it asks the reducer): short, because they leave the reducer with ours, and a member whose reducer died
+before replying to it (benchmarks/restarts.py --kill replying) fails over within seconds."""
 GATHER_RETRY_S = (0.25, 2.0)
 """First and longest pause before asking a contributor that refused (its reply not come yet, busy) again."""
 ALERTS_KEPT = 64
 """Alerts waiting to be checked; more are dropped (an alert costs its receiver a download)."""
+
+class _NotGathered(Exception):
+    """A contributor did not serve its frame: the check downloads the round's frames from the reducer instead."""
+
 
 class Gathered(dict):
     """A round's frames, each downloaded from its own contributor (`gather_frames`), not from the reducer."""
@@ -154,7 +162,8 @@ class AuditService:
         loop = asyncio.get_running_loop()
         start = loop.time()
         if own is not None:  # else we are late (not a contributor), or the result lists a frame we no longer hold
-            spread_s = min(timeout_s / 2, frames_deadline_s(self.idle_s, 1, self.frame_limit(module),
+            # the other members' replies leave the reducer with ours, and each serves its frame to every checker
+            spread_s = min(timeout_s / 2, frames_deadline_s(GATHER_WAIT_S, 1, self.frame_limit(module),
                                                             downloaders=len(listed)))
             got = await self._from_contributors(module, round_, listed, frames_digest, me, own, spread_s)
             if got is not None:
@@ -170,28 +179,37 @@ class AuditService:
         end = loop.time() + window_s
         gate = asyncio.Semaphore(GATHER_AT_ONCE)
 
-        async def one(peer: str, tokens: int) -> tuple[int, bytes] | None:
+        async def one(peer: str, tokens: int) -> tuple[int, bytes]:
             pause = GATHER_RETRY_S[0]
             while (left := end - loop.time()) > 0:
                 try:
                     async with gate:
                         got = await asyncio.wait_for(self._fetch_one(peer, module, round_), left)
-                except (FramesMissingError, UnreachableError, WireError, TimeoutError):
-                    return None  # gone, nothing of the round, or malformed: the reducer serves the frames instead
+                except (FramesMissingError, UnreachableError, WireError, TimeoutError) as e:
+                    raise _NotGathered(str(e)) from None  # gone, nothing of the round, malformed, out of time
                 except Exception:  # broken stream: ask again
                     got = None
                 if got is not None:
-                    return got if got[0] == tokens else None
+                    if got[0] != tokens:
+                        raise _NotGathered(f"{peer[-8:]} counts {got[0]} tokens, the result {tokens}")
+                    return got
                 # refused: its reply has not come yet, or busy serving the round's other checkers
                 await asyncio.sleep(min(random.uniform(pause / 2, pause), max(0.0, end - loop.time())))
                 pause = min(2 * pause, GATHER_RETRY_S[1])
-            return None
+            raise _NotGathered("out of time")
 
         others = [(p, t) for p, t in listed if p != me]
-        frames = await asyncio.gather(*(one(p, t) for p, t in others))
-        if any(f is None for f in frames):
+        why = ""
+        try:
+            async with asyncio.TaskGroup() as group:  # the first that fails cancels the rest: the reducer has them all
+                tasks = {p: group.create_task(one(p, t)) for p, t in others}
+        except* _NotGathered as failed:
+            why = str(failed.exceptions[0])
+        if why:
+            logger.info("frames of %s round %d not gathered from its contributors (%s); asking its reducer", module,
+                        round_, why)
             return None
-        out = {p: f for (p, _), f in zip(others, frames, strict=True) if f is not None}
+        out = {p: task.result() for p, task in tasks.items()}
         every = {**out, me: own} if own is not None else out
 
         def commitment() -> str:  # hashing a 25 M-parameter module's frames takes a while: off the loop
