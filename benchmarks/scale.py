@@ -17,9 +17,9 @@ and the round's wall time (median over nodes of the time between two rounds, ste
     python benchmarks/scale.py                      # N = 2, 4, 8, 16; both specs; star and slices
     python benchmarks/scale.py --sizes 4,8 --grids 1x1 --rounds 7
 Goals (issue 28): busiest ÷ median ≤ 1.5 at N = 4, 8, 16 (star: 5.3 and 22 at 4 and 8); at N = 16 in steady state
-every node sends and receives each ≤ 2.5 full frames per round. The shaped-link goals need the home-links harness
-(issue 29), which does not exist yet: rounds here are on loopback, where their wall time is CPU time (N processes on
-this machine's cores), not link time.
+every node sends and receives each ≤ 2.5 full frames per round. Rounds here are on loopback, where their wall time
+is CPU time (N processes on this machine's cores), not link time: benchmarks/links_rounds.py times rounds on the
+shaped links of tests/links.py.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from _swarm_common import arguments, machine, save_plot, write_json
+from _swarm_common import read_json as read_results
 
 from pathswarm.node.app.local_swarm import LocalSwarm, read_json
 from pathswarm.node.app.replicas import replica_mismatches
@@ -197,27 +198,30 @@ def main() -> None:
     ap.add_argument("--inner-steps", type=int, default=10)
     ap.add_argument("--grace-s", type=float, default=30.0,
                     help="grace window: N processes share this machine's cores, so a round's slowest member lags")
+    ap.add_argument("--frame-bytes-from", default="",
+                    help="a scale.py JSON whose star runs give the full frame's bytes where this run has no star arm "
+                         "(--arms slices: the same spec and N, so the same frame)")
     args = ap.parse_args()
     if args.replot:
-        from _swarm_common import read_json as read_results
-
         plot(read_results(args.json)["runs"], args.plot)
         return
     if args.rounds <= STEADY_FROM:
         raise SystemExit(f"--rounds must be above {STEADY_FROM}: the steady state comes after the checked rounds")
     if args.resummarize:  # the phases and goals again from the runs' raw reports (`seen`), measured before
-        from _swarm_common import read_json as read_results
-
         saved = read_results(args.json)
         runs = saved["runs"]
-        args = argparse.Namespace(**{**saved["args"], "json": args.json, "plot": args.plot})
+        frame_from = args.frame_bytes_from or saved["args"].get("frame_bytes_from", "")
+        args = argparse.Namespace(**{**saved["args"], "json": args.json, "plot": args.plot,
+                                     "frame_bytes_from": frame_from})
         for got in runs:
             got["phases"] = phases(got)
     else:
         runs = measure(args)
     # One full frame of a node's modules: what a star member sends per round in steady state (its frames, headers).
+    frame_from = getattr(args, "frame_bytes_from", "")
+    stars = runs + (read_results(frame_from)["runs"] if frame_from else [])
     for r in runs:
-        star = next((s for s in runs if s["grid"] == r["grid"] and s["nodes"] == r["nodes"] and s["arm"] == "star"),
+        star = next((s for s in stars if s["grid"] == r["grid"] and s["nodes"] == r["nodes"] and s["arm"] == "star"),
                     None)
         frame = None
         if star is not None and star["phases"]["steady"]:
