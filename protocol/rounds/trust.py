@@ -54,6 +54,7 @@ class Trust:
         # download gets the time its downloader waits (fetch_state); per peer, two states in service at a time (a
         # refused request keeps its slot while its rest is drained: a retry right after it must still get one).
         avg = spec.averaging
+        checked = n_modules * max(1, avg.slices)  # the units of a round a member may be asked to serve its frame of
         self.guard = Guard({
             "contribute": Budget(4.0, 32, per_peer=2 * n_modules + 2, total=1024,
                                  deadline_s=avg.grace_s + avg.timeout_s + 30),
@@ -68,7 +69,11 @@ class Trust:
             # A download may take as long as its downloader waits for it (audit.py `frames_deadline_s`): bounded
             # here by the frames of MAX_CANDIDATES members of our largest module, with every slot in use at once; a
             # reader that stalls is cut after the averaging timeout.
-            "frames": Budget(2.0 * n_modules, max(8, 4 * n_modules), per_peer=n_modules + 1, total=FRAMES_SLOTS,
+            # Since checks gather each frame from its own contributor (audit.py `gather_frames`), a member of a round
+            # in slices is asked once per slice it contributed to by each member checking that slice: up to
+            # `checked` requests a round from one peer in the checked rounds (one small frame each).
+            "frames": Budget(max(2.0 * n_modules, checked / 4), max(8, 4 * n_modules, checked),
+                             per_peer=n_modules + 1, total=FRAMES_SLOTS,
                              deadline_s=transfer_deadline_s(avg.timeout_s,
                                                             FRAMES_SLOTS * MAX_CANDIDATES * frame_limit()) + 5),
             "alert": Budget(0.5, 8, per_peer=2, total=64, deadline_s=10.0)},
