@@ -56,6 +56,10 @@ def run(nodes: int, a, work: Path) -> dict:
         for i, name in enumerate(names):
             swarm.start_node(name, path="0", max_rounds=a.rounds, seed=i,
                              extra=["--wait-peers", str(nodes), "--host-maddr", net.maddr(i + 1)])
+        # The CPU control (--cpu-of): offline nodes (the same training loop, no network) bring the processes on this
+        # machine's cores to that count, so that a small swarm's rounds see the CPU contention of a large one's.
+        for i in range(max(0, a.cpu_of - nodes)):
+            swarm.start_node(f"busy{i}", path="0", seed=100 + i, extra=["--offline"])
         codes = swarm.wait_nodes(names, timeout_s=1200)
         if any(codes.values()):
             raise RuntimeError({n: swarm.tail(n, 10) for n, c in codes.items() if c})
@@ -76,7 +80,7 @@ def run(nodes: int, a, work: Path) -> dict:
     per_round = [min(w) for _, w in sorted(waits.items())]
     mismatches, compared = replica_mismatches(list(st.values()))
     numel = sum(count_module_params(spec).values())
-    return {"nodes": nodes, "slices": nodes, "numel": numel,
+    return {"nodes": nodes, "slices": nodes, "numel": numel, "offline_nodes_beside": max(0, a.cpu_of - nodes),
             "frame_bytes_per_value": a.frame_bytes_per_value, "frame_bytes": numel * a.frame_bytes_per_value,
             "up_bps": link.up_bps, "down_bps": link.down_bps, "one_way_latency_s": link.rtt_s / 2,
             "min_group": nodes, "grace_s": None,
@@ -99,6 +103,9 @@ def main() -> None:
     ap.add_argument("--frame-bytes-per-value", type=float, default=0.796,
                     help="int8 + zstd bytes per value of a frame (the scale model's, from results/wire.json)")
     ap.add_argument("--workdir", default="", help="keep the processes' logs and statuses here")
+    ap.add_argument("--cpu-of", type=int, default=0,
+                    help="run offline nodes beside each run's swarm up to this many training processes (the CPU "
+                         "control: a 4-node run with --cpu-of 16 competes for the cores as a 16-node run does)")
     a = ap.parse_args()
     why = unavailable()
     if why:

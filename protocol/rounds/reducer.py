@@ -30,6 +30,7 @@ from pathswarm.protocol.rounds.messages import RoundReply, RoundStatus
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducer_state import (
     RANK_LOST,
+    Activity,
     ModuleLog,
     ReducerRound,
     answer,
@@ -56,7 +57,9 @@ class Reducer:
 
     def __init__(self, ctx: Context, closer: Closer, store: FrameStore):
         self.ctx, self.closer, self.store = ctx, closer, store
-        self.logs: dict[str, ModuleLog] = {m: ModuleLog() for m in ctx.numels}
+        self.activity: dict[str, Activity] = {}
+        """Module → who is active in its rounds (reducer_state.py `Activity`): shared by its slices' logs."""
+        self.logs: dict[str, ModuleLog] = {m: ModuleLog(activity=self._activity(m)) for m in ctx.numels}
         """Unit (a module, or a slice of one: slices.py) → its rounds; a slice's log is made on its first use."""
         self.stances = Stances(ctx)
         self.behind: dict[str, str] = {}
@@ -80,8 +83,11 @@ class Reducer:
         """The log of a unit we know (`ctx.numels` answers for slices: slices.py `UnitNumels`)."""
         log = self.logs.get(unit)
         if log is None:
-            log = self.logs[unit] = ModuleLog()
+            log = self.logs[unit] = ModuleLog(activity=self._activity(module_of_unit(unit)))
         return log
+
+    def _activity(self, module: str) -> Activity:
+        return self.activity.setdefault(module, Activity())
 
     def effective_state(self, module: str) -> OuterState | None:
         """Our module state, or the state it will have after the rounds we closed, whichever is newer."""

@@ -70,20 +70,13 @@ class ReducerRound:
 
 
 @dataclass
-class ModuleLog:
-    """What this node keeps of one module's rounds as a reducer."""
+class Activity:
+    """Which claimants of a module are active in its rounds, as this node saw them. One per module, shared by its
+    slices' logs: in a round in slices a member's late frame of slice j reaches the reducer of slice j, which reduces
+    another slice the next round (the list rotates). Kept per slice, that frame counted for no round the node reduced
+    next: a restarted holder stayed "silent" to every slice's reducer, was never waited for, and was late to every
+    round of the module for the rest of the run (benchmarks/restarts.py --kill replying --slices 3: 36 rounds)."""
 
-    open: dict[int, ReducerRound] = field(default_factory=dict)
-    closed: dict[int, tuple[str, RoundReply]] = field(default_factory=dict)
-    """Round → (the digest it opened with, its result): answered to members that ask late or again."""
-    post: OuterState | None = None
-    """The state the module will have once our node applies the rounds we closed: members that apply a mean faster
-    than our training loop does must not find us behind."""
-    tokens_reduced: int = 0
-    """Tokens in the rounds we closed with a mean: what entered the model through us (a member that dies before it
-    hears the result cannot count its own tokens; the reducer that merged them can)."""
-    reduced: dict[int, int] = field(default_factory=dict)
-    """State round the result makes → tokens we merged into it (a healed split takes them back)."""
     claimed_since: dict[str, int] = field(default_factory=dict)
     """Claimant → the round of the module at which we first counted it (only current claimants are kept)."""
     seen: dict[str, int] = field(default_factory=dict)
@@ -108,6 +101,34 @@ class ModuleLog:
         """A claimant that has missed the last SILENT_ROUNDS rounds (it claimed the module at least that long)."""
         since = self.claimed_since.get(peer, round_)
         return round_ - since >= SILENT_ROUNDS and round_ - self.seen.get(peer, since - 1) > SILENT_ROUNDS
+
+
+@dataclass
+class ModuleLog:
+    """What this node keeps of one module's rounds as a reducer."""
+
+    open: dict[int, ReducerRound] = field(default_factory=dict)
+    closed: dict[int, tuple[str, RoundReply]] = field(default_factory=dict)
+    """Round → (the digest it opened with, its result): answered to members that ask late or again."""
+    post: OuterState | None = None
+    """The state the module will have once our node applies the rounds we closed: members that apply a mean faster
+    than our training loop does must not find us behind."""
+    tokens_reduced: int = 0
+    """Tokens in the rounds we closed with a mean: what entered the model through us (a member that dies before it
+    hears the result cannot count its own tokens; the reducer that merged them can)."""
+    reduced: dict[int, int] = field(default_factory=dict)
+    """State round the result makes → tokens we merged into it (a healed split takes them back)."""
+    activity: Activity = field(default_factory=lambda: Activity())
+    """Who is active in the module's rounds: one for all the slices of a module (reducer.py `log`)."""
+
+    def note_claims(self, holders: tuple[str, ...], round_: int) -> None:
+        self.activity.note_claims(holders, round_)
+
+    def note_seen(self, peer: str, round_: int) -> None:
+        self.activity.note_seen(peer, round_)
+
+    def silent(self, peer: str, round_: int) -> bool:
+        return self.activity.silent(peer, round_)
 
     def quorum(self, holders: tuple[str, ...], round_: int,
                refuses: Callable[[str], bool]) -> tuple[int, tuple[str, ...]]:

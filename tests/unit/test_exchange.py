@@ -697,3 +697,24 @@ def test_a_restarted_head_told_out_of_sync_by_its_own_stance_question_learns_who
     ex.reducer.stances.rival = rival
     got = asyncio.run(ex.reduce("L0M0", mine.round, "reducer", 10, mine.digest(), frames(1)[0]))
     assert got.status == "out_of_sync" and ex.take_ahead("L0M0") == "ahead-peer" and ex.take_ahead("L0M0") is None
+
+
+def test_a_frame_of_one_slice_counts_its_sender_active_in_every_slice_of_the_module():
+    """A restarted holder's late frame of slice j reached this node as slice j's reducer; the next round this node
+    reduced another slice (the list rotates), whose log had not seen it: kept per slice, the holder stayed silent to
+    every reducer and late to every round of the module (benchmarks/restarts.py --kill replying --slices 3)."""
+    from pathswarm.protocol.rounds.reducer_state import SILENT_ROUNDS
+    from pathswarm.protocol.rounds.slices import unit_id
+
+    st = OuterState.fresh(torch.linspace(-1, 1, NUMEL))
+    ex = ModuleExchange(SPEC, None, "reducer", {"L0M0": NUMEL, "L1M0": NUMEL}, lambda m: st)
+    s0, s1, other = (ex.reducer.log(u) for u in (unit_id("L0M0", 0, 2), unit_id("L0M0", 1, 2), "L1M0"))
+    holders = ("a", "reducer", "back")
+    for log in (s0, s1, other):  # every round's claims, as a live node notes them
+        log.note_claims(holders, 0)
+        log.note_claims(holders, SILENT_ROUNDS)
+    assert s1.silent("back", SILENT_ROUNDS) and other.silent("back", SILENT_ROUNDS)
+    s0.note_seen("back", SILENT_ROUNDS)  # its late frame of slice 0
+    s1.note_claims(holders, SILENT_ROUNDS + 1)
+    assert not s1.silent("back", SILENT_ROUNDS + 1)  # the next round, as slice 1's reducer: waited for
+    assert other.silent("back", SILENT_ROUNDS + 1)  # another module's rounds: not
