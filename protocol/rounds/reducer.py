@@ -74,8 +74,9 @@ class Reducer:
         """Clock time of the last round we closed with others' frames (a leaving node serves them a while after it)."""
         self.closing_at: dict[str, tuple[int, float]] = {}
         """Module → (round, clock time) of the last close we began when its grace window ended (not its quorum)."""
-        self.extend: set[tuple[str, int]] = set()
-        """(module, open round)s whose grace window waits one more (`_late_frame`)."""
+        self.extend: dict[str, int] = {}
+        """Module → the round whose grace window waits one more here (`_late_frame`), whichever of the module's
+        slices we reduce in it."""
         self.extended: dict[str, int] = {}
         """Module → the last round whose grace window we extended for a member late by a hair."""
 
@@ -222,13 +223,16 @@ class Reducer:
         peer late on purpose slows every other round by a grace window at most (it holds every round for one grace
         window already). (A round closed by its quorum did not wait for the late one: it was not counted, and the
         next round counts it.)"""
-        closing, now_open = self.closing_at.get(module), round_ + 1
-        if (closing is None or closing[0] != round_ or now_open not in self.log(module).open or self.ctx.sync_world
+        closing, now_open, whole = self.closing_at.get(module), round_ + 1, module_of_unit(module)
+        if (closing is None or closing[0] != round_ or self.ctx.sync_world
                 or self.ctx.clock.now() - closing[1] >= self.ctx.spec.averaging.grace_s
-                or now_open - self.extended.get(module, -EXTEND_EVERY) < EXTEND_EVERY):
+                or now_open - self.extended.get(whole, -EXTEND_EVERY) < EXTEND_EVERY):
             return
-        self.extended[module] = now_open
-        self.extend.add((module, now_open))
+        # Per module, not per slice: in a round in slices the list rotates, and the slice we reduce next is another
+        # (we may not have opened it yet). Kept per slice, the extension never applied, and a restarted holder stayed
+        # late to every round of the module (benchmarks/restarts.py --kill replying --slices 3: 36 rounds).
+        self.extended[whole] = now_open
+        self.extend[whole] = now_open
         logger.debug("%s round %d: a frame of it came %.1f s late; round %d waits a grace window longer", module,
                      round_, self.ctx.clock.now() - closing[1], now_open)
 
@@ -266,8 +270,9 @@ class Reducer:
         ctx = self.ctx
         if not ctx.sync_world:
             await ctx.clock.sleep(ctx.spec.averaging.grace_s)
-            if (opened.module, opened.round) in self.extend:  # a member came late to the round before
-                self.extend.discard((opened.module, opened.round))
+            whole = module_of_unit(opened.module)
+            if self.extend.get(whole) == opened.round:  # a member came late to the round before
+                del self.extend[whole]
                 await ctx.clock.sleep(ctx.spec.averaging.grace_s)
             if opened.result is None and not opened.closing:
                 self.closing_at[opened.module] = (opened.round, ctx.clock.now())  # it waited for someone

@@ -718,3 +718,35 @@ def test_a_frame_of_one_slice_counts_its_sender_active_in_every_slice_of_the_mod
     s1.note_claims(holders, SILENT_ROUNDS + 1)
     assert not s1.silent("back", SILENT_ROUNDS + 1)  # the next round, as slice 1's reducer: waited for
     assert other.silent("back", SILENT_ROUNDS + 1)  # another module's rounds: not
+
+
+@pytest.mark.timeout(20)
+def test_a_member_late_to_one_slice_extends_the_grace_window_of_the_slice_this_node_reduces_next():
+    """In a round in slices the list rotates: the node that reduced slice 0 of round 4 reduces slice 1 of round 5.
+    Kept per slice, the extension a late frame earns (`_late_frame`) never applied, and a restarted holder whose
+    phase was off by more than a grace window stayed late to every round of the module (benchmarks/restarts.py
+    --kill replying --slices 3)."""
+    from pathswarm.protocol.rounds.slices import unit_id
+
+    spec = SwarmSpec(averaging=AveragingSpec(min_group=8, grace_s=10.0, slices=2))
+
+    async def go():
+        clock = ManualClock()
+        st = OuterState.fresh(torch.linspace(-1, 1, 2 * 4096))
+        ex = ModuleExchange(spec, None, "reducer", {"L0M0": 2 * 4096}, lambda m: st, clock=clock)
+        red, u0, u1 = ex.reducer, unit_id("L0M0", 0, 2), unit_id("L0M0", 1, 2)
+        red.closing_at[u0] = (4, clock.now())  # slice 0 of round 4 closed here when its grace window ended
+        await clock.advance(1.0)
+        red._late_frame(u0, 4)  # a member's frame of it, a second later
+        opened = red.open_round(u1, 5, ex.ctx.state_of(u1))  # the slice we reduce in round 5, opened since
+        states = []
+        for _ in range(2):
+            await clock.advance(10.0)
+            await asyncio.sleep(0.1)
+            states.append(opened.closing or opened.result is not None)
+        red._late_frame(u1, 5)  # late again right away: an extension at most every EXTEND_EVERY rounds
+        return states, dict(red.extend)
+
+    states, extend = asyncio.run(go())
+    assert states == [False, True], states  # one grace window more, then closed
+    assert extend == {}, extend
