@@ -50,7 +50,8 @@ def run(nodes: int, a, work: Path) -> dict:
                    loss=a.loss)
     names = [f"n{i}" for i in range(nodes)]
     t_start = time.monotonic()
-    with Links([PROFILES["lan"], *[link] * nodes]) as net, LocalSwarm(spec_path, work / f"run-{nodes}") as swarm:
+    with Links([PROFILES["lan"], *[link] * nodes]) as net, \
+            LocalSwarm(spec_path, work / f"run-{nodes}", debug=a.debug) as swarm:
         swarm.netns.update({"bootstrap": net.ns(0), **{n: net.ns(i + 1) for i, n in enumerate(names)}})
         swarm.start_bootstrap(args=["--swarm", str(spec_path), "--host-maddr", net.maddr(0)], timeout_s=120)
         for i, name in enumerate(names):
@@ -103,6 +104,7 @@ def main() -> None:
     ap.add_argument("--frame-bytes-per-value", type=float, default=0.796,
                     help="int8 + zstd bytes per value of a frame (the scale model's, from results/wire.json)")
     ap.add_argument("--workdir", default="", help="keep the processes' logs and statuses here")
+    ap.add_argument("--debug", action="store_true", help="the nodes log at debug level (with --workdir)")
     ap.add_argument("--cpu-of", type=int, default=0,
                     help="run offline nodes beside each run's swarm up to this many training processes (the CPU "
                          "control: a 4-node run with --cpu-of 16 competes for the cores as a 16-node run does)")
