@@ -79,8 +79,11 @@ class Member:
                 break
             # A live reducer answers once its round closes (the grace window after it opened); more means frozen.
             wait_s = left if ctx.sync_world else min(left, grace + STANCE_TIMEOUT_S + 3)
+            asked = clock.now()
             last = await self._contribute_to(reducer, module, round_, tokens, digest, frame, wait_s)
             last = dataclasses.replace(last, reducer=reducer)
+            logger.debug("%s round %d: %s from %s after %.2f s", module, round_, last.status.value, reducer[-8:],
+                         clock.now() - asked)
             if last.status == RoundStatus.REDIRECT and redirects < 2 and last.redirect in candidates:
                 redirects += 1
                 queue.insert(0, last.redirect)

@@ -206,7 +206,7 @@ class Reducer:
         world = dict(ctx.groups.live.get(module_of_unit(module), {}))
         opened = self.log(module).open[round_] = ReducerRound(module, round_, mine.digest(),
                                                                max(1, min(quorum, counted)), world=world,
-                                                               uncounted=set(silent))
+                                                               uncounted=set(silent), opened_at=ctx.clock.now())
         logger.debug("%s round %d opened: waits for %d frames (silent: %s)", module, round_, opened.target,
                      ", ".join(p[-8:] for p in silent) or "none")
         asyncio.get_running_loop().create_task(self._close_after_grace(opened))
@@ -328,6 +328,7 @@ class Reducer:
             opened.finish(failed(module, round_, "no valid contribution"))
             return
         contributions = [(p, *opened.frames[p]) for p in sorted(opened.frames)]
+        began = self.ctx.clock.now()
         # Off the event loop: a 25 M-value merge takes a second or more, and every other request would wait for it.
         before = moved if isinstance(moved, OuterState) else None
         try:
@@ -351,6 +352,8 @@ class Reducer:
         if not closed.mean_frame:
             opened.finish(failed(module, round_, "no valid contribution"))
             return
+        logger.debug("%s round %d closed with %d of %d frames after %.2f s open, merged in %.2f s", module, round_,
+                     len(contributions), opened.target, began - opened.opened_at, self.ctx.clock.now() - began)
         self._publish(opened, closed)
 
     def _publish(self, opened: ReducerRound, closed: ClosedRound) -> None:

@@ -54,6 +54,8 @@ class ReducerRound:
     uncounted: set[str] = field(default_factory=set)
     """Claimants the quorum left out as silent when the round opened: one that sends a frame raises the quorum by
     one, so that it does not complete the round in the place of a counted holder (who would then be late)."""
+    opened_at: float = 0.0
+    """Clock time the round opened (debug logs: how long it stayed open)."""
 
     def add(self, sender: str, tokens: int, frame: bytes) -> bool:
         """Take a frame while the round is open; True when the quorum is in (the caller closes it)."""
