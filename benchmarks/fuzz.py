@@ -32,7 +32,7 @@ from collections import Counter
 
 import torch
 from _swarm_common import arguments, machine, write_json
-from codec import HANG_SECONDS, error_kind
+from _codec_fuzz import HANG_SECONDS, error_kind
 
 from tests.fuzzing import FRAME_MAX_ELEMENTS, FUZZERS, LOOP, Fuzzer, outcome
 
