@@ -31,8 +31,8 @@ import time
 from collections import Counter
 
 import torch
-from _swarm_common import arguments, machine, write_json
 from _codec_fuzz import HANG_SECONDS, error_kind
+from _swarm_common import arguments, machine, write_json
 
 from tests.fuzzing import FRAME_MAX_ELEMENTS, FUZZERS, LOOP, Fuzzer, outcome
 
