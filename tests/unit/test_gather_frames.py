@@ -129,3 +129,18 @@ def test_a_kept_frame_is_served_only_to_the_rounds_contributors_and_only_when_th
     assert store.own_frame("m", 0, "QmA", "QmB") is None  # kept for FRAMES_KEPT rounds
     store.keep("m", 9, {"QmA": (5, b"a"), "QmB": (7, b"b")})  # a round we reduced: any listed frame, to its members
     assert store.own_frame("m", 9, "QmB", "QmA") == (7, b"b") and store.own_frame("m", 9, "QmB", "QmX") is None
+
+
+def test_the_frames_budget_lets_every_checker_ask_once_per_slice_a_round():
+    """A member of a round in slices is asked for its frame once per checked slice by each member checking it: with
+    16 slices of 2 modules, 32 requests a round from one checker must not be refused as a flood."""
+    from pathswarm.protocol.rounds.trust import Trust
+    from pathswarm.protocol.spec import AveragingSpec, SwarmSpec
+
+    def frames_budget(slices: int):
+        spec = SwarmSpec(averaging=AveragingSpec(slices=slices))
+        return Trust(spec, "QmMe", 2, Traffic(), lambda: 1 << 20, 1 << 20).guard.budgets["frames"]
+
+    one, sliced = frames_budget(1), frames_budget(16)
+    assert (one.burst, one.rate) == (8, 4.0)  # one reducer per module: as before
+    assert sliced.burst >= 32 and sliced.rate >= 32 / 4
