@@ -38,7 +38,7 @@ class _Own:
 class FrameStore:
     """The frames of the last FRAMES_KEPT rounds per module that we merged or fetched for an audit, and our own."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._rounds: dict[tuple[str, int], dict[str, tuple[int, bytes]]] = {}
         self._late: dict[tuple[str, int], set[str]] = {}
         """Members that got the round late (their frame is not in it, they apply it): they may read it too."""
