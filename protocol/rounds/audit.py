@@ -223,26 +223,9 @@ class AuditService:
 
     async def _fetch_one(self, peer: str, module: str, round_: int) -> tuple[int, bytes] | None:
         """`peer`'s own frame of (module, round); None when it refuses (not yet, busy: ask again)."""
-        assert self.streams is not None
-        reader, writer = await self.streams.open(peer, self.frames_name)
-        try:
-            await write_message(writer, FramesRequest(module, round_, "", self.membership, only=peer).header(), b"",
-                                self.traffic)
-            header, _ = await read_message(reader, 0, self.traffic)
-            reply = FramesReply.parse(header)
-            if reply.status == "missing":
-                raise FramesMissingError(f"{peer[-8:]} keeps no frame of {module} round {round_}")
-            if reply.status != "ok":
-                return None
-            if reply.count != 1:
-                raise WireError(f"{reply.count} frames, asked for one")
-            entry = FrameHeader.parse((await read_message(reader, 0, self.traffic))[0])
-            if entry.peer != peer:
-                raise WireError("another contributor's frame")
-            _, frame = await read_message(reader, self.frame_limit(module), self.traffic, idle_s=self.idle_s)
-            return entry.tokens, frame
-        finally:
-            writer.close()
+        got = await self._download(peer, module, round_, FramesRequest(module, round_, "", self.membership, only=peer),
+                                   frozenset({peer}))
+        return None if got is None else got[peer]
 
     async def fetch_frames(self, peer: str, module: str, round_: int, timeout_s: float, expected: frozenset[str],
                            skip: str = "") -> dict[str, tuple[int, bytes]] | None:
@@ -251,43 +234,44 @@ class AuditService:
         the peer answers it keeps none, UnreachableError when it cannot be dialed: both worth no retry soon. Only the
         `expected` contributors' (the result's list, as we received it) are read, each bounded by the module's size:
         a peer cannot make us hold more. The caller checks their hashes."""
-        limit = self.frame_limit(module)
-
-        async def go() -> dict[str, tuple[int, bytes]] | None:
-            assert self.streams is not None
-            reader, writer = await self.streams.open(peer, self.frames_name)
-            try:
-                await write_message(writer, FramesRequest(module, round_, skip, self.membership).header(), b"",
-                                    self.traffic)
-                header, _ = await read_message(reader, 0, self.traffic)
-                reply = FramesReply.parse(header)
-                if reply.status == "missing":
-                    raise FramesMissingError(f"{peer[-8:]} keeps no frames of {module} round {round_}")
-                if reply.status != "ok":
-                    return None
-                count = reply.count
-                if count != len(expected - {skip}):
-                    raise WireError(f"{count} frames, the result lists {len(expected - {skip})}")
-                out: dict[str, tuple[int, bytes]] = {}
-                for _ in range(count):
-                    h, _ = await read_message(reader, 0, self.traffic)  # which frame comes next, then the frame
-                    entry = FrameHeader.parse(h)
-                    contributor = entry.peer
-                    if contributor not in expected or contributor in out or contributor == skip:
-                        raise WireError("a frame the result does not list")
-                    _, frame = await read_message(reader, limit, self.traffic, idle_s=self.idle_s)
-                    out[contributor] = (entry.tokens, frame)
-                return out
-            finally:
-                writer.close()
-
         try:
-            return await asyncio.wait_for(go(), timeout_s)
+            return await asyncio.wait_for(self._download(peer, module, round_, FramesRequest(
+                module, round_, skip, self.membership), expected - {skip}), timeout_s)
         except Exception as e:  # refused, timed out, malformed: the audit cannot run this time
             logger.info("frames of %s round %d from %s: %s", module, round_, peer[-8:], e)
             if isinstance(e, FramesMissingError | UnreachableError):
                 raise  # answers that will not change soon: the caller stops asking
             return None
+
+    async def _download(self, peer: str, module: str, round_: int, ask: FramesRequest,
+                        expected: frozenset[str]) -> dict[str, tuple[int, bytes]] | None:
+        """One frames request to `peer` and exactly the `expected` contributors' frames in answer, each bounded by the
+        module's size; None when it refuses. Raises FramesMissingError when it keeps none, WireError when it answers
+        other frames."""
+        assert self.streams is not None
+        limit = self.frame_limit(module)
+        reader, writer = await self.streams.open(peer, self.frames_name)
+        try:
+            await write_message(writer, ask.header(), b"", self.traffic)
+            header, _ = await read_message(reader, 0, self.traffic)
+            reply = FramesReply.parse(header)
+            if reply.status == "missing":
+                raise FramesMissingError(f"{peer[-8:]} keeps no frames of {module} round {round_}")
+            if reply.status != "ok":
+                return None
+            if reply.count != len(expected):
+                raise WireError(f"{reply.count} frames, the result lists {len(expected)}")
+            out: dict[str, tuple[int, bytes]] = {}
+            for _ in range(reply.count):
+                h, _ = await read_message(reader, 0, self.traffic)  # which frame comes next, then the frame
+                entry = FrameHeader.parse(h)
+                if entry.peer not in expected or entry.peer in out:
+                    raise WireError("a frame the result does not list")
+                _, frame = await read_message(reader, limit, self.traffic, idle_s=self.idle_s)
+                out[entry.peer] = (entry.tokens, frame)
+            return out
+        finally:
+            writer.close()
 
     async def _on_alert(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         async def handle(header: dict) -> None:
