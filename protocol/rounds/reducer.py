@@ -31,6 +31,7 @@ from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducer_state import (
     RANK_LOST,
     Activity,
+    Extensions,
     ModuleLog,
     ReducerRound,
     answer,
@@ -43,9 +44,6 @@ from pathswarm.protocol.rounds.slices import UnitNumels, module_of_unit, rotated
 from pathswarm.protocol.rounds.stance import Stances
 
 logger = logging.getLogger(__name__)
-
-EXTEND_EVERY = 2
-"""A module's rounds between two grace-window extensions for a member that came late (`Reducer._late_frame`)."""
 
 Closer = Callable[[Sequence[tuple[str, int, bytes]], int, OuterState | None], ClosedRound]
 """(contributions as (peer, tokens, frame) sorted by peer, the module's size, the state the round opened with) →
@@ -72,13 +70,8 @@ class Reducer:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pathswarm-merge")
         self.last_closed: float | None = None
         """Clock time of the last round we closed with others' frames (a leaving node serves them a while after it)."""
-        self.closing_at: dict[str, tuple[int, float]] = {}
-        """Module → (round, clock time) of the last close we began when its grace window ended (not its quorum)."""
-        self.extend: dict[str, int] = {}
-        """Module → the round whose grace window waits one more here (`_late_frame`), whichever of the module's
-        slices we reduce in it."""
-        self.extended: dict[str, int] = {}
-        """Module → the last round whose grace window we extended for a member late by a hair."""
+        self.extensions = Extensions()
+        """The grace windows late frames earned (reducer_state.py `Extensions`)."""
 
     def log(self, unit: str) -> ModuleLog:
         """The log of a unit we know (`ctx.numels` answers for slices: slices.py `UnitNumels`)."""
@@ -213,28 +206,14 @@ class Reducer:
         return opened
 
     def _late_frame(self, module: str, round_: int) -> None:
-        """A frame of the round's own state came after the round's grace window ended (the round waited for it): its
-        member is in step with us but behind, and (its next send waits for its other modules' rounds, which end when
-        ours do) may stay so round after round, its outer gradient carried, growing, until the screen rejects it
-        (issue 27: a restarted node late 10 rounds in a row). The round open now waits one more grace window for it
-        (it still closes as soon as its quorum is in), at most every other round of the module: the member's next
-        frame is in that round, so its carried steps stop growing even if its phase stays off (its sends wait for its
-        other modules' rounds: an extension once in four rounds still left a node late three rounds in four), and a
-        peer late on purpose slows every other round by a grace window at most (it holds every round for one grace
-        window already). (A round closed by its quorum did not wait for the late one: it was not counted, and the
-        next round counts it.)"""
-        closing, now_open, whole = self.closing_at.get(module), round_ + 1, module_of_unit(module)
-        if (closing is None or closing[0] != round_ or self.ctx.sync_world
-                or self.ctx.clock.now() - closing[1] >= self.ctx.spec.averaging.grace_s
-                or now_open - self.extended.get(whole, -EXTEND_EVERY) < EXTEND_EVERY):
+        """A frame of the round's own state came after the round's grace window ended: the module's next round here
+        may wait one grace window more for its member (reducer_state.py `Extensions` says when and why)."""
+        if self.ctx.sync_world:
             return
-        # Per module, not per slice: in a round in slices the list rotates, and the slice we reduce next is another
-        # (we may not have opened it yet). Kept per slice, the extension never applied, and a restarted holder stayed
-        # late to every round of the module (benchmarks/restarts.py --kill replying --slices 3: 36 rounds).
-        self.extended[whole] = now_open
-        self.extend[whole] = now_open
-        logger.debug("%s round %d: a frame of it came %.1f s late; round %d waits a grace window longer", module,
-                     round_, self.ctx.clock.now() - closing[1], now_open)
+        late_s = self.extensions.late_frame(module, round_, self.ctx.clock.now(), self.ctx.spec.averaging.grace_s)
+        if late_s is not None:
+            logger.debug("%s round %d: a frame of it came %.1f s late; round %d waits a grace window longer", module,
+                         round_, late_s, round_ + 1)
 
     def _expected(self, module: str, round_: int) -> tuple[int, tuple[str, ...]]:
         """How many contributions the round waits for before its grace window ends, and the silent claimants left
@@ -270,12 +249,10 @@ class Reducer:
         ctx = self.ctx
         if not ctx.sync_world:
             await ctx.clock.sleep(ctx.spec.averaging.grace_s)
-            whole = module_of_unit(opened.module)
-            if self.extend.get(whole) == opened.round:  # a member came late to the round before
-                del self.extend[whole]
+            if self.extensions.take(module_of_unit(opened.module), opened.round):  # one came late to the last round
                 await ctx.clock.sleep(ctx.spec.averaging.grace_s)
             if opened.result is None and not opened.closing:
-                self.closing_at[opened.module] = (opened.round, ctx.clock.now())  # it waited for someone
+                self.extensions.closing(opened.module, opened.round, ctx.clock.now())  # it waited for someone
                 await self._close(opened)
             return
         # sync: reaching the target closes the round in reduce(); a rank lost fails it; otherwise the timeout ends it

@@ -15,10 +15,13 @@ from dataclasses import dataclass, field
 from pathswarm.protocol.rounds.frame_store import FrameStore
 from pathswarm.protocol.rounds.messages import RoundReply, RoundStatus
 from pathswarm.protocol.rounds.outer import OuterState
+from pathswarm.protocol.rounds.slices import module_of_unit
 
 RESULTS_KEPT = 4  # closed rounds a reducer remembers for late members
 RESULTS_LOGGED = 64  # rounds whose merged tokens a reducer remembers (a healed split takes them back)
 RANK_LOST = "a member left the world"  # sync baseline: reason prefix of a round failed because a member died
+EXTEND_EVERY = 2
+"""A module's rounds between two grace-window extensions for a member that came late (`Extensions`)."""
 SILENT_ROUNDS = 3
 """A claimant none of whose frames reached us (merged or late) in this many rounds of a module, after claiming it
 this long, no longer holds that module's rounds open: it counts toward the quorum again once a frame of it does."""
@@ -69,6 +72,51 @@ class ReducerRound:
     def finish(self, result: RoundReply) -> None:
         self.result = result
         self.done.set()
+
+
+@dataclass
+class Extensions:
+    """The grace windows late frames earned. A frame of a round's own state that comes after the round's grace window
+    ended (the round waited for it): its member is in step with us but behind, and (its next send waits for its other
+    modules' rounds, which end when ours do) may stay so round after round, its outer gradient carried, growing,
+    until the screen rejects it (issue 27: a restarted node late 10 rounds in a row). The module's next round here
+    waits one more grace window for it (it still closes as soon as its quorum is in), at most every EXTEND_EVERY
+    rounds of the module: the member's next frame is in that round, so its carried steps stop growing even if its
+    phase stays off (an extension once in four rounds still left a node late three rounds in four), and a peer late on
+    purpose slows every other round by a grace window at most (it holds every round for one grace window already).
+    A round closed by its quorum did not wait for the late one: it was not counted, and the next round counts it.
+
+    Per module, not per slice: in a round in slices the list rotates, and the slice we reduce next is another (we
+    may not have opened it yet). Kept per slice, the extension never applied, and a restarted holder stayed late to
+    every round of the module (benchmarks/restarts.py --kill replying --slices 3: 36 rounds)."""
+
+    closing_at: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Unit → (round, clock time) of the last close we began when its grace window ended (not its quorum)."""
+    extend: dict[str, int] = field(default_factory=dict)
+    """Module → the round whose grace window waits one more here, whichever of its slices we reduce in it."""
+    extended: dict[str, int] = field(default_factory=dict)
+    """Module → the last round whose grace window we extended."""
+
+    def closing(self, unit: str, round_: int, now: float) -> None:
+        """(unit, round) closes here at the end of its grace window."""
+        self.closing_at[unit] = (round_, now)
+
+    def late_frame(self, unit: str, round_: int, now: float, grace_s: float) -> float | None:
+        """A frame of (unit, round) came after the round closed: how late it came when that earns the module's next
+        round a grace window more (None: it does not)."""
+        closing, now_open, module = self.closing_at.get(unit), round_ + 1, module_of_unit(unit)
+        if (closing is None or closing[0] != round_ or now - closing[1] >= grace_s
+                or now_open - self.extended.get(module, -EXTEND_EVERY) < EXTEND_EVERY):
+            return None
+        self.extended[module] = self.extend[module] = now_open
+        return now - closing[1]
+
+    def take(self, module: str, round_: int) -> bool:
+        """Whether the module's `round_` waits one grace window more (asked once, when its window ends)."""
+        if self.extend.get(module) != round_:
+            return False
+        del self.extend[module]
+        return True
 
 
 @dataclass

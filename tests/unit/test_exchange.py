@@ -643,7 +643,7 @@ def test_a_member_late_to_a_round_gets_one_longer_grace_window_then_none_for_a_w
     after round (its next send waits for the round before, which ends when the reducer's does): late 10 times in a
     row, its outer gradient carried and growing. The round open when such a frame comes waits a grace window more
     for it (closing as soon as it is in), at most every other round."""
-    from pathswarm.protocol.rounds.reducer import EXTEND_EVERY
+    from pathswarm.protocol.rounds.reducer_state import EXTEND_EVERY
 
     spec = SwarmSpec(averaging=AveragingSpec(min_group=8, grace_s=10.0))
 
@@ -735,7 +735,7 @@ def test_a_member_late_to_one_slice_extends_the_grace_window_of_the_slice_this_n
         st = OuterState.fresh(torch.linspace(-1, 1, 2 * 4096))
         ex = ModuleExchange(spec, None, "reducer", {"L0M0": 2 * 4096}, lambda m: st, clock=clock)
         red, u0, u1 = ex.reducer, unit_id("L0M0", 0, 2), unit_id("L0M0", 1, 2)
-        red.closing_at[u0] = (4, clock.now())  # slice 0 of round 4 closed here when its grace window ended
+        red.extensions.closing(u0, 4, clock.now())  # slice 0 of round 4 closed here when its grace window ended
         await clock.advance(1.0)
         red._late_frame(u0, 4)  # a member's frame of it, a second later
         opened = red.open_round(u1, 5, ex.ctx.state_of(u1))  # the slice we reduce in round 5, opened since
@@ -745,7 +745,7 @@ def test_a_member_late_to_one_slice_extends_the_grace_window_of_the_slice_this_n
             await asyncio.sleep(0.1)
             states.append(opened.closing or opened.result is not None)
         red._late_frame(u1, 5)  # late again right away: an extension at most every EXTEND_EVERY rounds
-        return states, dict(red.extend)
+        return states, dict(red.extensions.extend)
 
     states, extend = asyncio.run(go())
     assert states == [False, True], states  # one grace window more, then closed
