@@ -68,13 +68,14 @@ def path_of(i: int, grid: str) -> str:
     return ".".join(str((i >> lv) % k) for lv, k in enumerate(levels))
 
 
-def run(workdir: Path, grid: str, n: int, slices: int, rounds: int, h: int, grace_s: float) -> dict:
-    """N nodes for `rounds` rounds; each node's cumulative bytes as of each round it reported."""
+def run(workdir: Path, grid: str, n: int, slices: int, rounds: int, h: int, grace_s: float,
+        debug: bool = False) -> dict:
+    """N nodes for `rounds` rounds; each node's cumulative bytes (and audits) as of each round it reported."""
     spec, spec_path = write_spec(workdir, grid, slices, h, grace_s)
     names = [f"n{i:02d}" for i in range(n)]
-    seen: dict[str, dict[int, tuple[float, int, int]]] = {x: {} for x in names}
+    seen: dict[str, dict[int, tuple[float, int, int, int]]] = {x: {} for x in names}
     t0 = time.monotonic()
-    with LocalSwarm(spec_path, workdir / f"{grid}-n{n}-k{slices}") as swarm:
+    with LocalSwarm(spec_path, workdir / f"{grid}-n{n}-k{slices}", debug=debug) as swarm:
         swarm.start_bootstrap()
         for i, name in enumerate(names):
             swarm.start_node(name, path=path_of(i, grid), max_rounds=rounds, seed=i,
@@ -85,7 +86,8 @@ def run(workdir: Path, grid: str, n: int, slices: int, rounds: int, h: int, grac
             for x in names:
                 st = read_json(files[x])
                 if st and st.get("round", 0) not in seen[x]:
-                    seen[x][st["round"]] = (time.monotonic(), st["bytes_sent"], st["bytes_received"])
+                    seen[x][st["round"]] = (time.monotonic(), st["bytes_sent"], st["bytes_received"],
+                                            st.get("audits", 0))
             if all(p.poll() is not None for p in swarm.nodes.values()):
                 break
             time.sleep(0.05)
@@ -172,12 +174,14 @@ def plot(results: list[dict], path: str) -> None:
 def measure(args: argparse.Namespace) -> list[dict]:
     runs = []
     with tempfile.TemporaryDirectory(prefix="pathswarm-scale-") as tmp:
+        work = Path(args.workdir or tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for grid in args.grids.split(","):
             for n in (int(x) for x in args.sizes.split(",")):
                 for arm in args.arms.split(","):
                     slices = 1 if arm == "star" else SLICES
                     print(f"{grid} N={n} {arm} ...", flush=True)
-                    got = run(Path(tmp), grid, n, slices, args.rounds, args.inner_steps, args.grace_s)
+                    got = run(work, grid, n, slices, args.rounds, args.inner_steps, args.grace_s, args.debug)
                     got["arm"] = arm
                     got["phases"] = phases(got)
                     runs.append(got)
@@ -198,6 +202,8 @@ def main() -> None:
     ap.add_argument("--inner-steps", type=int, default=10)
     ap.add_argument("--grace-s", type=float, default=30.0,
                     help="grace window: N processes share this machine's cores, so a round's slowest member lags")
+    ap.add_argument("--workdir", default="", help="keep the nodes' logs and statuses here")
+    ap.add_argument("--debug", action="store_true", help="the nodes log at debug level (with --workdir)")
     ap.add_argument("--frame-bytes-from", default="",
                     help="a scale.py JSON whose star runs give the full frame's bytes where this run has no star arm "
                          "(--arms slices: the same spec and N, so the same frame)")

@@ -138,7 +138,10 @@ class Auditor:
         rate = self.cfg.audit_rate
         if rate <= 0:
             return ""
-        if suspect or self.passed.get((reducer, module_of_unit(module)), 0) < NEW_REDUCER_AUDITS:
+        passed = self.passed.get((reducer, module_of_unit(module)), 0)
+        if suspect or passed < NEW_REDUCER_AUDITS:
+            logger.debug("%s round %d: checking %s's mean before applying it (%s)", module, result.round,
+                         reducer[-8:], "it points away from ours" if suspect else f"{passed} checks passed")
             return self._verify_now(module, result.round, reducer)
         if self.rng.random() < min(1.0, rate / audit_group_size(result.contributors, holders)):
             self._fetch(module, result.round, reducer, None)
