@@ -1,18 +1,18 @@
 """The node's side of auditing reducers (docs/SECURITY.md, "No reducer trusted alone"): which rounds to audit,
 checking them, and checking what other members report.
 
-For each round another peer reduced and we applied, we keep what that reducer sent us (its list of merged frames,
-the mean's bytes) and the history norm the round rule needed; with probability min(1, audit_rate / group size),
-drawn from the operating system's randomness (the reducer cannot predict who audits), we download the listed
-frames (each from its own contributor, failing that from the reducer: protocol/rounds/frame_store.py) and recompute
-the mean (protocol/rounds/rule.py `audit_mean`). A mean that does not match is
-proof: we stop trusting the reducer (never our reducer again, its frames refused) and alert the round's other
-contributors. An alert makes its receiver download the frames from the alerter and check them against the result
-*it* received: only that check moves it. The round the liar reduced stays applied on every replica that took it
-(they still agree with each other) until each of them learns of the proof and undoes the liar's rounds it kept
-(node/peer/rounds.py, protocol/rounds/heal.py); the audit bounds a liar to the rounds before it is caught. A
-reducer's first NEW_REDUCER_AUDITS rounds are checked before they are applied, and so are the next ones of a
-reducer that did not answer a random audit.
+For each round another peer reduced and we applied, we keep what that reducer sent us (its list of merged frames, the
+mean's bytes) and the history norm the round rule needed; at a rate of min(1, audit_rate / group size) a round, drawn
+from the operating system's randomness (the reducer cannot predict who audits; `AuditDraw` keeps a member's audits
+between half and 1.5 times their mean spacing apart rather than leaving their count to chance), we download the
+listed frames (each from its own contributor, failing that from the reducer: protocol/rounds/frame_store.py) and
+recompute the mean (protocol/rounds/rule.py `audit_mean`). A mean that does not match is proof: we stop trusting the
+reducer (never our reducer again, its frames refused) and alert the round's other contributors. An alert makes its
+receiver download the frames from the alerter and check them against the result *it* received: only that check moves
+it. The round the liar reduced stays applied on every replica that took it (they still agree with each other) until
+each of them learns of the proof and undoes the liar's rounds it kept (node/peer/rounds.py, protocol/rounds/heal.py);
+the audit bounds a liar to the rounds before it is caught. A reducer's first NEW_REDUCER_AUDITS rounds are checked
+before they are applied, and so are the next ones of a reducer that did not answer a random audit.
 
 Downloads run on the network loop; checks run in the training thread (`poll`), and a module's checks are done
 before its next round is sent (`before_send`).
@@ -52,6 +52,41 @@ MAX_PASSED = 4096
 safe)."""
 FALSE_ALERTS_IGNORED = 3
 """A peer whose alerts were wrong this many times is not listened to again (each costs us a download)."""
+
+
+AUDIT_SPACING = (0.5, 1.5)
+"""How far apart a member's random audits fall, in expected audits (`AuditDraw`): mean 1, so the rate is
+--audit-rate's; never closer than half the mean spacing, never further than 1.5 times it."""
+
+
+class AuditDraw:
+    """Which of the rounds it applied a member audits at random. Each round adds its audit probability p to a credit;
+    the round that takes the credit past a threshold is audited, and the threshold is drawn afresh from AUDIT_SPACING
+    (mean 1) each time. On average that is drawing each round alone with probability p, and the threshold is this
+    node's own randomness, so a reducer cannot tell which of its rounds a member will audit; but a member's audits over
+    a few rounds vary far less. With independent draws, at 16 nodes in slices (30 slice rounds a node a round), one
+    node in 16 took three times its share of audits within 6 rounds, 4.5 frames received in a round where the others
+    took 2.1 (benchmarks/scale.py, issue 28's goal of 2.5). What a reducer can learn: a member that just audited one
+    of its rounds audits again no sooner than half its mean spacing later (and the reducer sees a member's audit only
+    when its frames are downloaded from the reducer, not gathered from their contributors)."""
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.threshold = rng.uniform(*AUDIT_SPACING)
+        self.credit = rng.uniform(0.0, self.threshold)  # a fresh node's first audit falls anywhere in its first spacing
+
+    def draw(self, p: float) -> bool:
+        """Audit this round (probability p, which the caller bounds to [0, 1])?"""
+        if p >= 1.0:
+            return True
+        if p <= 0.0:
+            return False
+        self.credit += p
+        if self.credit < self.threshold:
+            return False
+        self.credit -= self.threshold
+        self.threshold = self.rng.uniform(*AUDIT_SPACING)
+        return True
 
 
 @dataclass(frozen=True)
@@ -98,6 +133,7 @@ class Auditor:
         self.false_alerts: dict[str, int] = {}
         self.alerted: set[tuple[str, int]] = set()  # (module, round) whose alert we checked: one check per round
         self.rng = random.SystemRandom()
+        self.draws = AuditDraw(self.rng)
         self._passed_now = False  # the last check found the mean right (read by _verify_now)
         self._mismatch_now = False  # the last check's frames were not the ones the result lists (read by _verify_now)
         self.passed: dict[tuple[str, str], int] = {}
@@ -143,7 +179,7 @@ class Auditor:
             logger.debug("%s round %d: checking %s's mean before applying it (%s)", module, result.round,
                          reducer[-8:], "it points away from ours" if suspect else f"{passed} checks passed")
             return self._verify_now(module, result.round, reducer)
-        if self.rng.random() < min(1.0, rate / audit_group_size(result.contributors, holders)):
+        if self.draws.draw(min(1.0, rate / audit_group_size(result.contributors, holders))):
             self._fetch(module, result.round, reducer, None)
         return ""
 

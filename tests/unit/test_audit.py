@@ -195,7 +195,7 @@ def test_a_new_reducers_first_rounds_are_audited_for_certain_then_at_random():
         # the downloads themselves are tested end to end (tests/swarm/test_hostile.py)
         a._fetch = lambda module, r, source, alert: fetched.append(("later", r))
         a._verify_now = lambda module, r, reducer: fetched.append(("now", r)) or ("a lie" if r == 99 else "")
-        a.rng.random = lambda: 0.999  # a draw that random auditing at rate 0.2 never takes
+        a.draws.draw = lambda p: False  # not drawn for a random audit
         return a, fetched
 
     def result(r: int, reducer: str = "QmR") -> RoundResult:
@@ -211,12 +211,42 @@ def test_a_new_reducers_first_rounds_are_audited_for_certain_then_at_random():
     a.record("shared", result(6), 1.0, (5, b"x"), ["QmMe", "QmR", "QmB"])
     a.record("shared", result(7, "QmNew"), 1.0, (5, b"x"), ["QmMe", "QmNew", "QmB"])
     assert fetched == [("now", 7)]  # the seasoned reducer at random (not drawn this time), the new one for certain
-    a.rng.random = lambda: 0.0
+    a.draws.draw = lambda p: True
     a.record("shared", result(8), 1.0, (5, b"x"), ["QmMe", "QmR", "QmB"])
     assert fetched[-1] == ("later", 8)  # drawn: audited in the background, applied meanwhile
     a, fetched = auditor(0.0)
     a.record("shared", result(1), 1.0, (5, b"x"), [])
     assert fetched == []  # --audit-rate 0: never
+
+
+def test_random_audits_keep_their_rate_and_fall_evenly_over_the_rounds():
+    import random
+    import statistics
+
+    from pathswarm.node.peer.audit import AUDIT_SPACING, AuditDraw
+
+    # 16 nodes in 16 slices of 2 modules: 30 slice rounds applied a round, each audited at 0.2 / 16
+    p, per_round, rounds = 0.2 / 16, 30, 4000
+    draws = AuditDraw(random.Random(7))
+    audited = [i for i in range(per_round * rounds) if draws.draw(p)]
+    expected = p * per_round * rounds
+    assert abs(len(audited) - expected) / expected < 0.03  # the rate of independent draws
+    gaps = [b - a for a, b in zip(audited, audited[1:], strict=False)]
+    assert min(gaps) >= int(AUDIT_SPACING[0] / p) and max(gaps) <= int(AUDIT_SPACING[1] / p) + 1
+    # Audits per window of 6 rounds (2.25 expected): independent draws vary about 5 times as much as the spaced
+    # ones, and the tail is what the busiest of 16 nodes takes (here 8 audits in a window against at most 4).
+    window = 6 * per_round
+    spaced = [sum(1 for i in audited if w <= i < w + window) for w in range(0, per_round * rounds, window)]
+    rng = random.Random(8)
+    independent = [sum(rng.random() < p for _ in range(window)) for _ in spaced]
+    assert statistics.pvariance(spaced) < statistics.pvariance(independent) / 4
+    assert max(spaced) <= 4 < max(independent)
+    # a certain audit and none at all pass through, without moving the credit
+    before = (draws.credit, draws.threshold)
+    assert draws.draw(1.0) and not draws.draw(0.0) and (draws.credit, draws.threshold) == before
+    # two nodes' first audits do not fall on the same round (each starts anywhere in its first spacing)
+    firsts = {next(i for i in range(1000) if d.draw(p)) for d in (AuditDraw(random.Random(s)) for s in range(20))}
+    assert len(firsts) > 10
 
 
 def test_a_reducer_that_does_not_answer_a_random_audit_is_checked_before_applying_again():
