@@ -322,9 +322,10 @@ class Auditor:
                     # was busy costs us NEW_REDUCER_AUDITS downloads.
                     for key in [k for k in self.passed if k[0] == got.reducer]:  # all its modules: it hid frames
                         self.passed[key] = 0
-                    logger.warning("audit of %s round %d: its reducer %s did not show the frames; its next %d rounds "
-                                   "are checked before they are applied", check.module, check.round,
-                                   got.reducer[-8:], NEW_REDUCER_AUDITS)
+                    failure = check.future.exception() if not check.future.cancelled() else None
+                    logger.warning("audit of %s round %d: its reducer %s did not show the frames (%s); its next %d "
+                                   "rounds are checked before they are applied", check.module, check.round,
+                                   got.reducer[-8:], repr(failure) if failure else "refused", NEW_REDUCER_AUDITS)
                 return ""
             self.status.audited(gathered)
         elif proof is None and frames is None:
