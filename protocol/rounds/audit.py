@@ -157,8 +157,9 @@ class AuditService:
         {contributor: (tokens, frame)}: each asked from its own contributor first, all at once (frame_store.py says
         why), for half of `timeout_s` at most; they count only if they give the result's commitment. Failing that
         (a contributor gone, one whose reply never came, or one that served another frame), all of them from the
-        reducer, as `fetch_frames`, which also raises what it raises: a mismatch there proves the reducer a liar,
-        one among frames from many peers proves nobody."""
+        reducer, as `fetch_frames`, asked again while it refuses, which also raises what it raises: a mismatch there
+        proves the reducer a liar, one among frames from many peers proves nobody. None: the reducer refused or
+        failed until `timeout_s` was up."""
         loop = asyncio.get_running_loop()
         start = loop.time()
         if own is not None:  # else we are late (not a contributor), or the result lists a frame we no longer hold
@@ -168,9 +169,19 @@ class AuditService:
             got = await self._from_contributors(module, round_, listed, frames_digest, me, own, spread_s)
             if got is not None:
                 return got
-        left = max(1.0, timeout_s - (loop.time() - start))
-        return await self.fetch_frames(reducer, module, round_, left, frozenset(p for p, _ in listed),
-                                       skip=me if own is not None else "")
+        # A reducer that refuses (busy serving the round's other checkers, rate limited) is asked again, with backoff,
+        # until the deadline, as a contributor is: asked once, a random audit refused at 16 holders counted as
+        # frames hidden, and its reducer's next rounds of every module were checked before applying (9 downloads).
+        pause = GATHER_RETRY_S[0]
+        while True:
+            left = max(1.0, timeout_s - (loop.time() - start))
+            got = await self.fetch_frames(reducer, module, round_, left, frozenset(p for p, _ in listed),
+                                          skip=me if own is not None else "")
+            left = timeout_s - (loop.time() - start)
+            if got is not None or left < pause / 2:
+                return got
+            await asyncio.sleep(min(random.uniform(pause / 2, pause), left))
+            pause = min(2 * pause, GATHER_RETRY_S[1])
 
     async def _from_contributors(self, module: str, round_: int, listed: tuple[Listed, ...], frames_digest: str,
                                  me: str, own: tuple[int, bytes] | None,

@@ -14,7 +14,8 @@ import pytest
 from pathswarm.protocol.rounds.audit import AuditService
 from pathswarm.protocol.rounds.frame_list import frame_hash
 from pathswarm.protocol.rounds.frame_store import NOT_YET, FrameStore
-from pathswarm.protocol.wire import Traffic, UnreachableError, read_message
+from pathswarm.protocol.rounds.messages import FramesReply
+from pathswarm.protocol.wire import Traffic, UnreachableError, read_message, write_message
 from tests.unit.test_audit import PEERS, closed_round
 
 
@@ -24,10 +25,17 @@ class Net:
     def __init__(self):
         self.services: dict[str, AuditService] = {}
         self.opened: Counter = Counter()
+        self.refusals: Counter = Counter()
+        """Peer → requests it refuses (busy) before it serves."""
 
     def add(self, peer: str) -> AuditService:
         async def serve(kind, sender, reader, writer, handle):
             header, _ = await read_message(reader, 0)
+            if self.refusals[peer] > 0:
+                self.refusals[peer] -= 1
+                await write_message(writer, FramesReply("refused").header(), b"")
+                writer.close()
+                return
             await handle(header)
 
         svc = AuditService(Streams(self, peer), "t", {"m": 1000}, lambda m: 1 << 20, serve, Traffic(), idle_s=2.0)
@@ -108,6 +116,21 @@ def test_frames_that_do_not_give_the_commitment_are_downloaded_from_the_reducer(
     got = gather(net, result, sent, timeout_s=2.0 if case == "reply never comes" else 30.0)
     assert got == {p: sent[p] for p in ("QmB", "QmC")}
     assert net.opened[("QmA", "QmR")] == 1 and time.monotonic() - t0 < 3.0
+
+
+def test_a_reducer_that_refuses_is_asked_again_until_it_serves():
+    """A contributor gone sends the check to the reducer, busy twice (its round's other checkers): asked once, the
+    random audit counted the frames as hidden and put the reducer's next rounds of every module under check."""
+    net, result, sent, _ = swarm(dead="QmC")
+    net.refusals["QmR"] = 2
+    got = gather(net, result, sent, timeout_s=10.0)
+    assert got == {p: sent[p] for p in ("QmB", "QmC")}
+    assert net.opened[("QmA", "QmR")] == 3
+    net, result, sent, _ = swarm(dead="QmC")
+    net.refusals["QmR"] = 1000  # refuses until the deadline: no frames, after asking again with backoff
+    t0 = time.monotonic()
+    assert gather(net, result, sent, timeout_s=3.0) is None
+    assert 2.0 < time.monotonic() - t0 < 4.5 and 3 <= net.opened[("QmA", "QmR")] <= 12
 
 
 def test_a_kept_frame_is_served_only_to_the_rounds_contributors_and_only_when_the_result_lists_it():
