@@ -19,7 +19,6 @@ import time
 from collections.abc import Sequence
 
 import hivemind
-from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import RecordValidatorBase
 from hivemind.utils.logging import use_hivemind_log_handler
@@ -27,7 +26,7 @@ from multiaddr import Multiaddr
 
 from pathswarm.protocol.net.identity import generate_identity, load_identity
 from pathswarm.protocol.net.swarm_net import SwarmNet
-from pathswarm.protocol.net.validator import SwarmRecordValidator, peer_id_of_owner
+from pathswarm.protocol.net.validator import CachedSignatureValidator, SwarmRecordValidator, peer_id_of_owner
 from pathswarm.protocol.spec import SwarmSpec
 
 # hivemind's loggers propagate to ours (pathswarm/logs.py): one handler, one level (`-q` quiets them too), and JSON
@@ -179,7 +178,7 @@ def _start(
         if not os.path.isfile(path):
             generate_identity(path)  # an RSA key in libp2p's protobuf form, mode 0400
         private_key = load_identity(path)
-        validators: list[RecordValidatorBase] = [RSASignatureValidator(private_key)]
+        validators: list[RecordValidatorBase] = [CachedSignatureValidator(private_key)]
         owner = validators[0].local_public_key
         if spec is not None:
             validators.append(SwarmRecordValidator(spec))

@@ -181,6 +181,48 @@ def test_swarm_record_validator_without_a_network():
     assert not validator.validate(record(me, key=servers_key("1" * 64)))  # another swarm's
 
 
+def test_the_validators_check_a_record_once_and_a_changed_one_again(monkeypatch):
+    """Each DHT read meets the same signed records again (every responder's copy, every round's claims): checked
+    once (one RSA verify, one parse); a record whose bytes differ in anything is checked again, and refused ones are
+    never remembered."""
+    from hivemind.utils.crypto import RSAPublicKey
+
+    from pathswarm.protocol.net import validator as validator_module
+    from pathswarm.protocol.net.validator import CachedSignatureValidator, Passed
+
+    verified, parsed = [], []
+    real_verify, real_parse = RSAPublicKey.verify, validator_module.parse_record
+    monkeypatch.setattr(RSAPublicKey, "verify", lambda self, *a: verified.append(1) or real_verify(self, *a))
+    monkeypatch.setattr(validator_module, "parse_record", lambda *a: parsed.append(1) or real_parse(*a))
+    key = RSAPrivateKey()
+    signer = CachedSignatureValidator(key)
+    validator = CompositeValidator([signer, SwarmRecordValidator(SPEC)])
+    owner = signer.local_public_key
+    claim = PathClaim(path=(0, 1), peer_id=peer_id_of_owner(owner), tokens_per_s=1.0, round=0, expires_at=5.0)
+
+    def record(value, expires=10.0):
+        raw = DHTRecord(DHTID.generate(source=KEY).to_bytes(), MSGPackSerializer.dumps(owner),
+                        MSGPackSerializer.dumps(value), expires)
+        return dataclasses.replace(raw, value=validator.sign_value(raw))
+
+    good = record(record_to_wire(claim))
+    assert all(validator.validate(good) for _ in range(5))
+    assert len(verified) == 1 and len(parsed) == 1
+    # the same signature on other bytes: refused, whatever passed before
+    other = record_to_wire(claim.model_copy(update={"round": 7}))
+    signature = signer.SIGNATURE_FORMAT.replace(b"_value_", signer._SIGNATURE_RE.findall(good.value)[0])
+    forged = dataclasses.replace(good, value=MSGPackSerializer.dumps(other) + signature)
+    assert not validator.validate(forged) and not validator.validate(forged)
+    assert len(verified) == 3  # refused twice, checked twice
+    assert not validator.validate(dataclasses.replace(good, expiration_time=11.0))  # the signature covers expiry
+    renewed = record(record_to_wire(claim.model_copy(update={"round": 1})))
+    assert validator.validate(renewed) and len(parsed) == 2
+    kept = Passed(size=2)
+    for digest in (b"a", b"b", b"c"):
+        kept.add(digest)
+    assert b"a" not in kept and b"b" in kept and b"c" in kept
+
+
 def test_bad_records_read_are_dropped_with_one_log_line_each(caplog):
     # What a peer's DHT process let through is checked again on read (defence in depth).
     owner = RSASignatureValidator(RSAPrivateKey()).local_public_key
