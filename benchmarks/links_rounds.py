@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _cpu import CpuSampler
 from _round_events import NEW_REDUCER_AUDITS, validate_entries
 from _swarm_common import arguments, machine, write_json
 
@@ -50,7 +51,7 @@ def run(nodes: int, a, work: Path) -> dict:
                    loss=a.loss)
     names = [f"n{i}" for i in range(nodes)]
     t_start = time.monotonic()
-    with Links([PROFILES["lan"], *[link] * nodes]) as net, \
+    with CpuSampler() as cpu, Links([PROFILES["lan"], *[link] * nodes]) as net, \
             LocalSwarm(spec_path, work / f"run-{nodes}", debug=a.debug) as swarm:
         swarm.netns.update({"bootstrap": net.ns(0), **{n: net.ns(i + 1) for i, n in enumerate(names)}})
         swarm.start_bootstrap(args=["--swarm", str(spec_path), "--host-maddr", net.maddr(0)], timeout_s=120)
@@ -86,7 +87,9 @@ def run(nodes: int, a, work: Path) -> dict:
             "up_bps": link.up_bps, "down_bps": link.down_bps, "one_way_latency_s": link.rtt_s / 2,
             "min_group": nodes, "grace_s": None,
             "measured_round_s": statistics.median(per_round), "measured_rounds": per_round,
-            "replicas_identical": not mismatches, "compared": compared, "wall_s": time.monotonic() - t_start}
+            "replicas_identical": not mismatches, "compared": compared, "wall_s": time.monotonic() - t_start,
+            # core-seconds by kind of process over the whole run (rounds 0 to the last, setup included)
+            "cpu_core_s": cpu.seconds()}
 
 
 def main() -> None:
@@ -120,7 +123,8 @@ def main() -> None:
             print(f"{n} nodes: steady round {entry['measured_round_s']:.2f} s "
                   f"(replicas identical: {entry['replicas_identical']})", flush=True)
             entries.append(entry)
-    checked = validate_entries([{k: v for k, v in e.items() if k != "measured_rounds"} for e in entries])
+    checked = validate_entries([{k: v for k, v in e.items() if k not in ("measured_rounds", "cpu_core_s")}
+                                for e in entries])
     for e, c in zip(entries, checked, strict=True):
         e |= {"model_round_s": c["model_round_s"], "relative_error": c["relative_error"],
               "within_goal": abs(c["relative_error"]) <= GOAL}

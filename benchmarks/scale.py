@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _cpu import CpuSampler
 from _swarm_common import arguments, machine, save_plot, write_json
 from _swarm_common import read_json as read_results
 
@@ -75,7 +76,7 @@ def run(workdir: Path, grid: str, n: int, slices: int, rounds: int, h: int, grac
     names = [f"n{i:02d}" for i in range(n)]
     seen: dict[str, dict[int, tuple[float, int, int, int]]] = {x: {} for x in names}
     t0 = time.monotonic()
-    with LocalSwarm(spec_path, workdir / f"{grid}-n{n}-k{slices}", debug=debug) as swarm:
+    with CpuSampler() as cpu, LocalSwarm(spec_path, workdir / f"{grid}-n{n}-k{slices}", debug=debug) as swarm:
         swarm.start_bootstrap()
         for i, name in enumerate(names):
             swarm.start_node(name, path=path_of(i, grid), max_rounds=rounds, seed=i,
@@ -102,7 +103,8 @@ def run(workdir: Path, grid: str, n: int, slices: int, rounds: int, h: int, grac
             "params_per_path": sum(counts[m] for m in spec.module_ids(first_path)),
             "replica_mismatches": mismatches, "replicas_compared": compared,
             "tokens_reduced": {x: statuses[x]["tokens_reduced"] for x in names},
-            "seen": {x: {str(r): v for r, v in seen[x].items()} for x in names}, "wall_s": time.monotonic() - t0}
+            "seen": {x: {str(r): v for r, v in seen[x].items()} for x in names}, "wall_s": time.monotonic() - t0,
+            "cpu_core_s": cpu.seconds()}  # by kind of process, the whole run
 
 
 def per_round(seen: dict[str, list], first: int, last: int) -> tuple[float, float] | None:

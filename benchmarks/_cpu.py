@@ -1,0 +1,93 @@
+"""Where a local swarm's CPU goes, by kind of process: each node's own process (training, rounds, checks), its DHT
+process (hivemind forks one per node), the p2pd daemons, the bootstrap peer. Read from /proc (Linux), sampled every
+half second while a run lasts, so a process that exits is counted up to its last sample.
+
+Used by the networked benchmarks (`--cpu`): on a machine that runs 16 nodes on 2 cores, a round is as slow as the
+CPU its communication takes, which the scale model (benchmarks/_round_events.py) leaves out.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+PROC = Path("/proc")
+KINDS = ("node", "node-dht", "p2pd", "bootstrap")
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return (PROC / pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _stat(pid: str) -> list[str] | None:
+    try:
+        return (PROC / pid / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def kind_of(pid: str) -> str | None:
+    """A process's kind (KINDS), None for anything else. A node's DHT process is a fork of it: same command line,
+    its parent a node."""
+    cmd = _cmdline(pid)
+    if "p2pd" in cmd:
+        return "p2pd"
+    if "pathswarm bootstrap" in cmd:
+        return "bootstrap"
+    if "node run" not in cmd:
+        return None
+    stat = _stat(pid)
+    parent = _cmdline(stat[1]) if stat else ""
+    return "node-dht" if "node run" in parent else "node"
+
+
+class CpuSampler:
+    """`with CpuSampler() as cpu: ...` then `cpu.seconds()`: core-seconds per kind used by the processes that ran
+    meanwhile (those started before count only what they used after the start)."""
+
+    def __init__(self, period_s: float = 0.5):
+        self.period_s = period_s
+        self._kinds: dict[str, str | None] = {}
+        self._first: dict[str, int] = {}
+        self._last: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._ticks = os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self) -> CpuSampler:
+        self._sample(first=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._sample()
+
+    def _sample(self, first: bool = False) -> None:
+        for pid in (p.name for p in PROC.iterdir() if p.name.isdigit()):
+            if pid not in self._kinds:
+                self._kinds[pid] = kind_of(pid)
+            if self._kinds[pid] is None:
+                continue
+            stat = _stat(pid)
+            if stat is None:
+                continue
+            used = int(stat[11]) + int(stat[12])  # utime + stime, in clock ticks
+            if first:
+                self._first[pid] = used
+            self._last[pid] = used
+
+    def seconds(self) -> dict[str, float]:
+        out = dict.fromkeys(KINDS, 0.0)
+        for pid, used in self._last.items():
+            out[self._kinds[pid]] += (used - self._first.get(pid, 0)) / self._ticks
+        return {k: round(v, 2) for k, v in out.items()}
