@@ -349,7 +349,7 @@ def test_probation_counts_per_reducer_and_module():
         numels = {m: NUMEL for m in ("m1", "m2", "m3")}
 
     a = Auditor(NodeConfig(spec=SPEC, audit_rate=0.2), NodeStatus(peer_id="QmMe"), Exchange(), None)
-    a.rng.random = lambda: 0.999  # never drawn for a random audit
+    a.draws.draw = lambda p: False  # never drawn for a random audit (AuditDraw: its own randomness)
     checked: list = []
 
     def verify_now(module, r, reducer):  # the download itself is tested end to end; the check is the real one
