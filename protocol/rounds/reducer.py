@@ -207,13 +207,13 @@ class Reducer:
 
     def _late_frame(self, module: str, round_: int) -> None:
         """A frame of the round's own state came after the round's grace window ended: the module's next round here
-        may wait one grace window more for its member (reducer_state.py `Extensions` says when and why)."""
+        may wait longer for its member, as long as it was late (reducer_state.py `Extensions` says when and why)."""
         if self.ctx.sync_world:
             return
         late_s = self.extensions.late_frame(module, round_, self.ctx.clock.now(), self.ctx.spec.averaging.grace_s)
         if late_s is not None:
-            logger.debug("%s round %d: a frame of it came %.1f s late; round %d waits a grace window longer", module,
-                         round_, late_s, round_ + 1)
+            logger.debug("%s round %d: a frame of it came %.1f s late; round %d waits longer", module, round_, late_s,
+                         round_ + 1)
 
     def _expected(self, module: str, round_: int) -> tuple[int, tuple[str, ...]]:
         """How many contributions the round waits for before its grace window ends, and the silent claimants left
@@ -249,8 +249,8 @@ class Reducer:
         ctx = self.ctx
         if not ctx.sync_world:
             await ctx.clock.sleep(ctx.spec.averaging.grace_s)
-            if self.extensions.take(module_of_unit(opened.module), opened.round):  # one came late to the last round
-                await ctx.clock.sleep(ctx.spec.averaging.grace_s)
+            if extra_s := self.extensions.take(module_of_unit(opened.module), opened.round):  # one came late to the
+                await ctx.clock.sleep(extra_s)  # last round: as long as it was late (reducer_state.py `Extensions`)
             if opened.result is None and not opened.closing:
                 self.extensions.closing(opened.module, opened.round, ctx.clock.now())  # it waited for someone
                 await self._close(opened)

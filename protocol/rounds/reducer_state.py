@@ -22,6 +22,8 @@ RESULTS_LOGGED = 64  # rounds whose merged tokens a reducer remembers (a healed 
 RANK_LOST = "a member left the world"  # sync baseline: reason prefix of a round failed because a member died
 EXTEND_EVERY = 2
 """A module's rounds between two grace-window extensions for a member that came late (`Extensions`)."""
+LATE_GRACES = 2.0
+"""How late, in grace windows, a frame may come and still earn the next round the wait it needs (`Extensions`)."""
 SILENT_ROUNDS = 3
 """A claimant none of whose frames reached us (merged or late) in this many rounds of a module, after claiming it
 this long, no longer holds that module's rounds open: it counts toward the quorum again once a frame of it does."""
@@ -85,6 +87,10 @@ class Extensions:
     phase stays off (an extension once in four rounds still left a node late three rounds in four), and a peer late on
     purpose slows every other round by a grace window at most (it holds every round for one grace window already).
     A round closed by its quorum did not wait for the late one: it was not counted, and the next round counts it.
+    The extension is as long as the frame was late, plus half a grace window, up to LATE_GRACES windows: a holder
+    restarted in a phase one whole round off (its frames a grace window late, the rounds closing on their grace
+    window while they waited for it) was never brought back by one more window, which it missed by milliseconds
+    (benchmarks/restarts.py --kill replying --slices 3: 37 rounds of `shared` late, the run timed out).
 
     Per module, not per slice: in a round in slices the list rotates, and the slice we reduce next is another (we
     may not have opened it yet). Kept per slice, the extension never applied, and a restarted holder stayed late to
@@ -92,8 +98,8 @@ class Extensions:
 
     closing_at: dict[str, tuple[int, float]] = field(default_factory=dict)
     """Unit → (round, clock time) of the last close we began when its grace window ended (not its quorum)."""
-    extend: dict[str, int] = field(default_factory=dict)
-    """Module → the round whose grace window waits one more here, whichever of its slices we reduce in it."""
+    extend: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Module → (the round whose grace window waits longer here, whichever of its slices we reduce in it, seconds)."""
     extended: dict[str, int] = field(default_factory=dict)
     """Module → the last round whose grace window we extended."""
 
@@ -103,20 +109,24 @@ class Extensions:
 
     def late_frame(self, unit: str, round_: int, now: float, grace_s: float) -> float | None:
         """A frame of (unit, round) came after the round closed: how late it came when that earns the module's next
-        round a grace window more (None: it does not)."""
+        round a longer wait (None: it does not)."""
         closing, now_open, module = self.closing_at.get(unit), round_ + 1, module_of_unit(unit)
-        if (closing is None or closing[0] != round_ or now - closing[1] >= grace_s
+        if (closing is None or closing[0] != round_ or now - closing[1] >= LATE_GRACES * grace_s
                 or now_open - self.extended.get(module, -EXTEND_EVERY) < EXTEND_EVERY):
             return None
-        self.extended[module] = self.extend[module] = now_open
-        return now - closing[1]
+        late_s = now - closing[1]
+        self.extended[module] = now_open
+        self.extend[module] = (now_open, min(LATE_GRACES * grace_s, late_s + grace_s / 2))
+        return late_s
 
-    def take(self, module: str, round_: int) -> bool:
-        """Whether the module's `round_` waits one grace window more (asked once, when its window ends)."""
-        if self.extend.get(module) != round_:
-            return False
+    def take(self, module: str, round_: int) -> float:
+        """How much longer than its grace window the module's `round_` waits (0: not longer; asked once, when its
+        window ends)."""
+        got = self.extend.get(module)
+        if got is None or got[0] != round_:
+            return 0.0
         del self.extend[module]
-        return True
+        return got[1]
 
 
 @dataclass

@@ -750,3 +750,35 @@ def test_a_member_late_to_one_slice_extends_the_grace_window_of_the_slice_this_n
     states, extend = asyncio.run(go())
     assert states == [False, True], states  # one grace window more, then closed
     assert extend == {}, extend
+
+
+@pytest.mark.timeout(20)
+def test_a_member_a_whole_round_late_earns_a_wait_as_long_as_its_lateness():
+    """A holder restarted one whole round off in phase: its frames came a grace window late (12 s of 10), the rounds
+    closing on their grace window while they waited for it. One window more was missed by that margin every round
+    (benchmarks/restarts.py --kill replying --slices 3: 37 rounds of `shared` late). The next round waits as long as
+    the frame was late plus half a window (17 s), up to LATE_GRACES windows; a frame later than that earns nothing."""
+    from pathswarm.protocol.rounds.reducer_state import LATE_GRACES
+
+    spec = SwarmSpec(averaging=AveragingSpec(min_group=8, grace_s=10.0))
+
+    async def go(late_s: float):
+        clock = ManualClock()
+        st = OuterState.fresh(torch.linspace(-1, 1, 4096))
+        ex = ModuleExchange(spec, None, "reducer", {"L0M0": 4096}, lambda m: st, clock=clock)
+        red = ex.reducer
+        red.extensions.closing("L0M0", 4, clock.now())
+        await clock.advance(late_s)
+        red._late_frame("L0M0", 4)
+        opened = red.open_round("L0M0", 5, ex.ctx.state_of("L0M0"))
+        closed_at = None
+        for t in range(1, 31):
+            await clock.advance(1.0)
+            await asyncio.sleep(0.01)
+            if closed_at is None and (opened.closing or opened.result is not None):
+                closed_at = t
+        return closed_at
+
+    assert asyncio.run(go(12.0)) == 10 + 17  # its grace window, then 12 + 5 s more
+    assert asyncio.run(go(1.0)) == 10 + 6  # a second late: 6 s more (it was a grace window before: 10)
+    assert asyncio.run(go(LATE_GRACES * 10.0 + 1)) == 10  # later than LATE_GRACES windows: nothing
