@@ -95,7 +95,11 @@ def _joining(workdir: Path) -> Interrupted:
     args = [sys.executable, "-m", "pathswarm", "node", "run", "--swarm", str(spec_file(workdir)), "--initial-peer",
             f"/ip4/127.0.0.1/tcp/{server.getsockname()[1]}/p2p/{FAKE_PEER}", "--checkpoint-dir", str(ckpt)]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # SIGINT back to its default in the node: `make test` started from a background job passes an ignored SIGINT
+        # on, an ignored signal survives exec, and Python then installs no KeyboardInterrupt for it: this phase (before
+        # the node's own handler is in) ignored the Ctrl-C and failed, reproducibly, only when run so.
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_until(lambda: "training on" in log_path.read_text(), 60, "the node to start")
         time.sleep(2.0)  # torch is loaded, the DHT is starting and waits on the silent peer
