@@ -82,12 +82,12 @@ class Extensions:
     ended (the round waited for it): its member is in step with us but behind, and (its next send waits for its other
     modules' rounds, which end when ours do) may stay so round after round, its outer gradient carried, growing,
     until the screen rejects it (issue 27: a restarted node late 10 rounds in a row). The module's next round here
-    waits one more grace window for it (it still closes as soon as its quorum is in), at most every EXTEND_EVERY
-    rounds of the module: the member's next frame is in that round, so its carried steps stop growing even if its
-    phase stays off (an extension once in four rounds still left a node late three rounds in four), and a peer late on
-    purpose slows every other round by a grace window at most (it holds every round for one grace window already).
+    waits longer for it (it still closes as soon as its quorum is in), at most every EXTEND_EVERY rounds of the
+    module: the member's next frame is in that round, so its carried steps stop growing even if its phase stays off
+    (an extension once in four rounds still left a node late three rounds in four), and a peer late on purpose slows
+    every other round by LATE_GRACES grace windows at most (it holds every round for one grace window already).
     A round closed by its quorum did not wait for the late one: it was not counted, and the next round counts it.
-    The extension is as long as the frame was late, plus half a grace window, up to LATE_GRACES windows: a holder
+    The wait is as long as the frame was late, plus half a grace window, up to LATE_GRACES windows: a holder
     restarted in a phase one whole round off (its frames a grace window late, the rounds closing on their grace
     window while they waited for it) was never brought back by one more window, which it missed by milliseconds
     (benchmarks/restarts.py --kill replying --slices 3: 37 rounds of `shared` late, the run timed out).
