@@ -60,6 +60,12 @@ GATHER_RETRY_S = (0.25, 2.0)
 ALERTS_KEPT = 64
 """Alerts waiting to be checked; more are dropped (an alert costs its receiver a download)."""
 
+async def _back_off(pause: float, left_s: float) -> float:
+    """Wait a jittered `pause` (at most `left_s`) before asking a peer that refused again; the next pause."""
+    await asyncio.sleep(min(random.uniform(pause / 2, pause), max(0.0, left_s)))
+    return min(2 * pause, GATHER_RETRY_S[1])
+
+
 class _NotGathered(Exception):
     """A contributor did not serve its frame: the check downloads the round's frames from the reducer instead."""
 
@@ -180,8 +186,7 @@ class AuditService:
             left = timeout_s - (loop.time() - start)
             if got is not None or left < pause / 2:
                 return got
-            await asyncio.sleep(min(random.uniform(pause / 2, pause), left))
-            pause = min(2 * pause, GATHER_RETRY_S[1])
+            pause = await _back_off(pause, left)
 
     async def _from_contributors(self, module: str, round_: int, listed: tuple[Listed, ...], frames_digest: str,
                                  me: str, own: tuple[int, bytes] | None,
@@ -205,8 +210,7 @@ class AuditService:
                         raise _NotGathered(f"{peer[-8:]} counts {got[0]} tokens, the result {tokens}")
                     return got
                 # refused: its reply has not come yet, or busy serving the round's other checkers
-                await asyncio.sleep(min(random.uniform(pause / 2, pause), max(0.0, end - loop.time())))
-                pause = min(2 * pause, GATHER_RETRY_S[1])
+                pause = await _back_off(pause, end - loop.time())
             raise _NotGathered("out of time")
 
         others = [(p, t) for p, t in listed if p != me]
