@@ -36,9 +36,10 @@ from pathswarm.protocol.spec import SwarmSpec
 if TYPE_CHECKING:
     from pathswarm.protocol.net import SwarmNet
 
-__all__ = ["SwarmRecordValidator", "announce_module", "gate_of", "peer_id_of_owner", "publish_claim",
-           "publish_metrics", "publish_revocations", "read_claims", "read_metrics", "read_module_holders",
-           "read_revocations", "withdraw_claim"]
+__all__ = ["Entry", "SwarmRecordValidator", "announce_module", "announcement_entry", "gate_of", "metrics_entry",
+           "peer_id_of_owner", "publish_claim", "publish_entries", "publish_metrics", "publish_revocations",
+           "read_claims", "read_metrics", "read_module_holders", "read_modules_holders", "read_revocations",
+           "revocations_entry", "withdraw_claim"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,15 +47,30 @@ _R = TypeVar("_R", PathClaim, ModuleAnnouncement, NodeMetrics, RevocationRecord)
 
 
 # ---- records -----------------------------------------------------------------------------------
-def _publish(sdht: SwarmNet, key: str, record: _R, expiration: float) -> bool:
+Entry = tuple[str, object, float, "bytes | None"]
+"""One store: (key, value on the wire, expiration, subkey), for `SwarmNet.store_many`."""
+
+
+def _entry(sdht: SwarmNet, key: str, record: _R, expiration: float) -> Entry:
     if record.peer_id != sdht.peer_id:
         raise ValueError(f"record names peer {record.peer_id}, but this DHT peer is {sdht.peer_id}")
     if sdht.membership and record.membership != sdht.membership:
         record = record.model_copy(update={"membership": sdht.membership})
-    ok = sdht.store(key, record_to_wire(record), expiration, subkey=sdht.owner)
-    if not ok:
-        logger.warning("DHT store of %s under %s failed (no peer accepted it)", type(record).__name__, key)
-    return ok
+    return key, record_to_wire(record), expiration, sdht.owner
+
+
+def _publish(sdht: SwarmNet, key: str, record: _R, expiration: float) -> bool:
+    return publish_entries(sdht, [_entry(sdht, key, record, expiration)])[0]
+
+
+def publish_entries(sdht: SwarmNet, entries: list[Entry]) -> list[bool]:
+    """Store records (from `announcement_entry`, `metrics_entry`, ...) in one search of the DHT; a warning names
+    each one no peer accepted."""
+    stored = sdht.store_many(entries)
+    for (key, _, _, _), ok in zip(entries, stored, strict=True):
+        if not ok:
+            logger.warning("DHT store under %s failed (no peer accepted it)", key)
+    return stored
 
 
 def _rounds_of(record: _R) -> list[int]:
@@ -68,7 +84,10 @@ def _rounds_of(record: _R) -> list[int]:
 def _read(sdht: SwarmNet, spec: SwarmSpec, key: str, model: type[_R], timeout_s: float | None = None) -> list[_R]:
     """Every valid record under `key`, one per owner; bad ones are logged and dropped. With timeout_s, raises
     TimeoutError when the DHT has not answered by then (a lookup that meets a dead peer waits for its RPC timeout)."""
-    found = sdht.get(key, timeout_s)
+    return _parse(sdht, spec, key, model, sdht.get(key, timeout_s))
+
+
+def _parse(sdht: SwarmNet, spec: SwarmSpec, key: str, model: type[_R], found: object) -> list[_R]:
     if not isinstance(found, dict):
         return []
     records, gate = [], gate_of(spec)
@@ -128,24 +147,45 @@ def read_claims(sdht: SwarmNet, spec: SwarmSpec, now: float | None = None,
     return [c for c in claims if c.expires_at > now]
 
 
-def announce_module(sdht: SwarmNet, spec: SwarmSpec, announcement: ModuleAnnouncement, ttl_s: float) -> bool:
-    """Tell the swarm this peer holds a module's state at a round, for ttl_s seconds."""
+def announcement_entry(sdht: SwarmNet, spec: SwarmSpec, announcement: ModuleAnnouncement, ttl_s: float) -> Entry:
+    """The store that tells the swarm this peer holds a module's state at a round, for ttl_s seconds."""
     if announcement.module_id not in spec.all_module_ids():
         raise ValueError(f"module {announcement.module_id!r} is not in the swarm")
     key = module_key(spec.swarm_id, announcement.module_id)
-    return _publish(sdht, key, announcement, sdht.dht_time() + ttl_s)
+    return _entry(sdht, key, announcement, sdht.dht_time() + ttl_s)
+
+
+def announce_module(sdht: SwarmNet, spec: SwarmSpec, announcement: ModuleAnnouncement, ttl_s: float) -> bool:
+    """Tell the swarm this peer holds a module's state at a round, for ttl_s seconds."""
+    return publish_entries(sdht, [announcement_entry(sdht, spec, announcement, ttl_s)])[0]
 
 
 def read_module_holders(sdht: SwarmNet, spec: SwarmSpec, module_id: str) -> list[ModuleAnnouncement]:
     """Valid announcements of a module's state, newest round first (ties by peer id)."""
-    holders = _read(sdht, spec, module_key(spec.swarm_id, module_id), ModuleAnnouncement)
-    return sorted((a for a in holders if a.module_id == module_id), key=lambda a: (-a.round, a.peer_id))
+    return read_modules_holders(sdht, spec, [module_id])[module_id]
+
+
+def read_modules_holders(sdht: SwarmNet, spec: SwarmSpec,
+                         module_ids: list[str]) -> dict[str, list[ModuleAnnouncement]]:
+    """`read_module_holders` of several modules in one search of the DHT."""
+    keys = {mid: module_key(spec.swarm_id, mid) for mid in module_ids}
+    found = sdht.get_many(list(keys.values()))
+    out = {}
+    for mid, key in keys.items():
+        holders = _parse(sdht, spec, key, ModuleAnnouncement, found.get(key))
+        out[mid] = sorted((a for a in holders if a.module_id == mid), key=lambda a: (-a.round, a.peer_id))
+    return out
+
+
+def metrics_entry(sdht: SwarmNet, spec: SwarmSpec, metrics: NodeMetrics, ttl_s: float) -> Entry:
+    """The store of this node's latest metrics, for ttl_s seconds."""
+    spec.check_path(metrics.path)
+    return _entry(sdht, metrics_key(spec.swarm_id), metrics, sdht.dht_time() + ttl_s)
 
 
 def publish_metrics(sdht: SwarmNet, spec: SwarmSpec, metrics: NodeMetrics, ttl_s: float) -> bool:
     """Publish this node's latest metrics for ttl_s seconds."""
-    spec.check_path(metrics.path)
-    return _publish(sdht, metrics_key(spec.swarm_id), metrics, sdht.dht_time() + ttl_s)
+    return publish_entries(sdht, [metrics_entry(sdht, spec, metrics, ttl_s)])[0]
 
 
 def read_metrics(sdht: SwarmNet, spec: SwarmSpec) -> list[NodeMetrics]:
@@ -154,10 +194,15 @@ def read_metrics(sdht: SwarmNet, spec: SwarmSpec) -> list[NodeMetrics]:
 
 
 
+def revocations_entry(sdht: SwarmNet, spec: SwarmSpec, token: str, ttl_s: float) -> Entry:
+    """The store that relays the owner's signed revocation list (protocol/membership.py) for ttl_s seconds."""
+    record = RevocationRecord(peer_id=sdht.peer_id, token=token)
+    return _entry(sdht, revocations_key(spec.swarm_id), record, sdht.dht_time() + ttl_s)
+
+
 def publish_revocations(sdht: SwarmNet, spec: SwarmSpec, token: str, ttl_s: float) -> bool:
     """Relay the owner's signed revocation list (protocol/membership.py) for ttl_s seconds."""
-    record = RevocationRecord(peer_id=sdht.peer_id, token=token)
-    return _publish(sdht, revocations_key(spec.swarm_id), record, sdht.dht_time() + ttl_s)
+    return publish_entries(sdht, [revocations_entry(sdht, spec, token, ttl_s)])[0]
 
 
 def read_revocations(sdht: SwarmNet, spec: SwarmSpec) -> Revocations | None:

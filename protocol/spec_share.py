@@ -79,9 +79,15 @@ class SpecServer:
             writer.close()
 
 
+def spec_server_entry(net: SwarmNet, swarm_id: str) -> tuple[str, str, float, bytes]:
+    """The store that lists this peer as a server of the swarm's spec (renew within SERVER_TTL_S), for
+    `SwarmNet.store_many`."""
+    return servers_key(swarm_id), net.peer_id, dht_time() + SERVER_TTL_S, net.owner
+
+
 def announce_spec_server(net: SwarmNet, swarm_id: str) -> bool:
     """List this peer as a server of the swarm's spec (renew within SERVER_TTL_S)."""
-    return bool(net.store(servers_key(swarm_id), net.peer_id, dht_time() + SERVER_TTL_S, subkey=net.owner))
+    return bool(net.store_many([spec_server_entry(net, swarm_id)])[0])
 
 
 def spec_servers(net: SwarmNet, swarm_id: str) -> list[str]:

@@ -9,12 +9,19 @@ that meets a dead peer waits seconds for it, and these records are advisory.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from pathswarm.node.peer.background import Chores
 from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.train.worker import PathWorker
-from pathswarm.protocol.dht import announce_module, publish_metrics, publish_revocations, read_revocations
+from pathswarm.protocol.dht import (
+    announcement_entry,
+    metrics_entry,
+    publish_entries,
+    read_revocations,
+    revocations_entry,
+)
 from pathswarm.protocol.records import (
     MAX_CHAIN,
     MAX_DISTRUSTS,
@@ -28,9 +35,12 @@ from pathswarm.protocol.records import (
 )
 from pathswarm.protocol.rounds.reducers import list_digest
 from pathswarm.protocol.spec import SwarmSpec
-from pathswarm.protocol.spec_share import announce_spec_server
+from pathswarm.protocol.spec_share import SERVER_TTL_S, spec_server_entry
 
 logger = logging.getLogger(__name__)
+
+SPEC_SERVER_RENEW_S = SERVER_TTL_S / 3
+"""How often a node renews its listing as a spec server (it lives SERVER_TTL_S), not every round."""
 
 
 def announced_chain(chain: list[list], round_: int, digest: str) -> tuple[tuple[int, str, str], ...]:
@@ -74,6 +84,7 @@ class Announcer:
         self.on_revoked = on_revoked
         self.revoked = False  # the owner revoked this node: it stops (its peers refuse it anyway)
         self._revocations_seen = 0.0  # issue time of the newest revocation list logged
+        self._spec_served_until = 0.0  # monotonic time when our listing as a spec server is due for renewal
         self.stalls = StallWatch()
 
     def announce(self) -> None:
@@ -104,22 +115,28 @@ class Announcer:
             self.chores.submit("announce", job)
 
     def _publish(self, announcements: list[ModuleAnnouncement], metrics: NodeMetrics) -> None:
+        # One store for all of a round's records: each store searches the DHT for its keys' holders (in a swarm
+        # under hivemind's bucket size, every peer), so one per record made these the DHT's main load.
         ttl = announce_ttl_s(self.spec)
         try:
-            for ann in announcements:
-                announce_module(self.sdht, self.spec, ann, ttl)
-            publish_metrics(self.sdht, self.spec, metrics, ttl)
-            self.relay_revocations(ttl)
-            self.announce_spec_server()
+            entries = [announcement_entry(self.sdht, self.spec, ann, ttl) for ann in announcements]
+            entries.append(metrics_entry(self.sdht, self.spec, metrics, ttl))
+            if (relayed := self.relay_revocations(ttl)) is not None:
+                entries.append(relayed)
+            serve = time.monotonic() >= self._spec_served_until
+            if serve:
+                entries.append(spec_server_entry(self.sdht, self.spec.swarm_id))
+            if publish_entries(self.sdht, entries)[-1] and serve:
+                self._spec_served_until = time.monotonic() + SPEC_SERVER_RENEW_S
         except Exception as e:  # announcements are advisory; training goes on
             logger.warning("could not announce: %s", e)
 
-    def relay_revocations(self, ttl: float) -> None:
-        """A private swarm: learn the owner's newest revocation list (this process's gate enforces it from now on)
-        and relay it, so it outlives the owner's publication."""
+    def relay_revocations(self, ttl: float):
+        """A private swarm: learn the owner's newest revocation list (this process's gate enforces it from now on);
+        the store that relays it, so it outlives the owner's publication (None: nothing to relay)."""
         revs = read_revocations(self.sdht, self.spec)
         if revs is None:
-            return
+            return None
         if revs.issued_at > self._revocations_seen:
             self._revocations_seen = revs.issued_at
             if self.sdht.peer_id in revs.peers:
@@ -129,10 +146,11 @@ class Announcer:
             else:
                 logger.warning("the swarm's owner revoked %d peer(s): %s", len(revs.peers),
                                ", ".join(sorted(p[-8:] for p in revs.peers)))
-        publish_revocations(self.sdht, self.spec, revs.token, ttl)
+        return revocations_entry(self.sdht, self.spec, revs.token, ttl)
 
     def announce_spec_server(self) -> None:
         try:
-            announce_spec_server(self.sdht, self.spec.swarm_id)
+            if publish_entries(self.sdht, [spec_server_entry(self.sdht, self.spec.swarm_id)])[0]:
+                self._spec_served_until = time.monotonic() + SPEC_SERVER_RENEW_S
         except Exception as e:  # advisory: joiners also ask the initial peers directly
             logger.warning("could not list this node as a spec server: %s", e)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pathswarm.node.peer.vouch import Announced, Vouched, majority_state
+from pathswarm.protocol.dht import read_modules_holders
 
 if TYPE_CHECKING:
     from pathswarm.node.peer.node_status import NodeStatus
@@ -200,11 +201,14 @@ class Splits:
     def look(self) -> None:
         """Chores thread: compare our modules' digests with those their other holders announce."""
         try:
-            for mid in self.worker.module_ids:
-                mine = self.sync.local_states.get(mid)
-                if mine is None or mine.round == 0:
-                    continue
-                announced, me, counted = self.sync.announced(mid, self.holders(mid))
+            mids = [mid for mid in self.worker.module_ids
+                    if (mine := self.sync.local_states.get(mid)) is not None and mine.round > 0]
+            # one search of the DHT for all our modules' announcements (a search per key asks every peer of a
+            # swarm under hivemind's bucket size)
+            found = read_modules_holders(self.sync.sdht, self.sync.spec, mids) if mids else {}
+            for mid in mids:
+                mine = self.sync.local_states[mid]
+                announced, me, counted = self.sync.announced(mid, self.holders(mid), found[mid])
                 digest = mine.digest()
                 chain = [(r, d) for r, d, _ in list(self.status.chains.get(mid, ()))[:-1] if r < mine.round]
                 heal = split_verdict(mid, mine.round, digest, me, announced, counted, chain)

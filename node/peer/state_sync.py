@@ -17,8 +17,9 @@ from pathswarm.node.peer.vouch import Announced, Vouched, counted_peers, majorit
 from pathswarm.node.train.checkpoint import Checkpoint, CheckpointError, ModuleState, load_checkpoint
 from pathswarm.node.train.warm_start import InitMismatchError, check_init
 from pathswarm.node.train.worker import PathWorker
-from pathswarm.protocol.dht import read_module_holders
+from pathswarm.protocol.dht import read_module_holders, read_modules_holders
 from pathswarm.protocol.netloop import Interrupted, NetLoop
+from pathswarm.protocol.records import ModuleAnnouncement
 from pathswarm.protocol.rounds.context import MAX_CLIENTS
 from pathswarm.protocol.rounds.exchange import ModuleExchange
 from pathswarm.protocol.rounds.outer import OuterState
@@ -74,8 +75,7 @@ class StateSync:
         # Every module's announcements before the first is counted: whom the holders of any module of ours say they
         # caught lying counts for all of them. A module's first attempt below uses this read while it is fresh.
         self.voters = {p for mid in self.worker.module_ids for p in holders(mid)}
-        first = ({mid: read_module_holders(self.sdht, self.spec, mid) for mid in self.worker.module_ids}
-                 if self.sdht is not None else {})
+        first = {} if self.sdht is None else read_modules_holders(self.sdht, self.spec, list(self.worker.module_ids))
         read_at = time.monotonic()
         for anns in first.values():
             self.note_announcements(anns)
@@ -144,10 +144,12 @@ class StateSync:
         announced, me, counted = self.announced(mid, claim_holders)
         return vouched_state(announced, me, self.worker.outer[mid].round, counted)
 
-    def announced(self, mid: str, claim_holders: list[str]) -> tuple[list[Announced], str, set[str]]:
-        """(announcements of `mid`, us, the peers whose announcements count)."""
+    def announced(self, mid: str, claim_holders: list[str],
+                  anns: list[ModuleAnnouncement] | None = None) -> tuple[list[Announced], str, set[str]]:
+        """(announcements of `mid` (read now unless given), us, the peers whose announcements count)."""
         me = self.status.peer_id
-        anns = read_module_holders(self.sdht, self.spec, mid)
+        if anns is None:
+            anns = read_module_holders(self.sdht, self.spec, mid)
         self.note_announcements(anns)
         announced = [Announced.of(a) for a in anns]
         # list(): one step under the GIL, so the chores thread (split watch) reads it while the training thread adds

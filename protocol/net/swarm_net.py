@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import hivemind
@@ -68,10 +70,29 @@ class SwarmNet:
                 found = self.dht.get(key, latest=True, return_future=True).result(timeout=timeout_s)
             except concurrent.futures.TimeoutError:
                 raise TimeoutError(f"the DHT did not answer within {timeout_s:g} s") from None
-        value = getattr(found, "value", None)
-        if isinstance(value, dict) and value and all(isinstance(v, ValueWithExpiration) for v in value.values()):
-            return {subkey: item.value for subkey, item in value.items()}
-        return value
+        return _unwrap(found)
+
+    def store_many(self, entries: Sequence[tuple[str, Any, float, bytes | None]]) -> list[bool]:
+        """Store several (key, value, expires_at, subkey) at once: one search of the DHT for all their keys, where a
+        store each searched again (a search asks every peer of a small swarm: `store` per record made the node's
+        chores the DHT's main load, growing with the swarm). True per entry that some peer accepted."""
+        if not entries:
+            return []
+        keys, values, expirations, subkeys = (list(col) for col in zip(*entries, strict=True))
+        stored = self.dht.run_coroutine(partial(_store_many, keys, values, expirations, subkeys))
+        return [bool(stored.get((k, s) if s is not None else k)) for k, s in zip(keys, subkeys, strict=True)]
+
+    def get_many(self, keys: Sequence[str], timeout_s: float | None = None) -> dict[str, Any]:
+        """The newest value under each key (as `get` gives it) in one search of the DHT; TimeoutError past
+        timeout_s."""
+        if len(keys) <= 1:
+            return {key: self.get(key, timeout_s) for key in keys}
+        future = self.dht.run_coroutine(partial(_get_many, list(keys)), return_future=True)
+        try:
+            found = future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"the DHT did not answer within {timeout_s:g} s") from None
+        return {key: _unwrap(found.get(key)) for key in keys}
 
     async def streams(self) -> PeerStreams:
         """Streams to and from peers over this peer's p2pd, for the calling event loop (await it there)."""
@@ -106,3 +127,20 @@ class SwarmNet:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
+
+
+def _unwrap(found: Any) -> Any:
+    """hivemind's answer to a get → the value (a key written under subkeys: {subkey: value})."""
+    value = getattr(found, "value", None)
+    if isinstance(value, dict) and value and all(isinstance(v, ValueWithExpiration) for v in value.values()):
+        return {subkey: item.value for subkey, item in value.items()}
+    return value
+
+
+# Run in the DHT's process (hivemind's `run_coroutine` pickles them there: module level, arguments bound).
+async def _store_many(keys: list, values: list, expirations: list, subkeys: list, _dht: Any, node: Any) -> dict:
+    return await node.store_many(keys, values, expirations, subkeys=subkeys)
+
+
+async def _get_many(keys: list, _dht: Any, node: Any) -> dict:
+    return await node.get_many(keys, sufficient_expiration_time=float("inf"))

@@ -26,12 +26,16 @@ from hivemind.utils.crypto import RSAPrivateKey
 from pathswarm.protocol.dht import (
     SwarmRecordValidator,
     announce_module,
+    announcement_entry,
+    metrics_entry,
     peer_id_of_owner,
     publish_claim,
+    publish_entries,
     publish_metrics,
     read_claims,
     read_metrics,
     read_module_holders,
+    read_modules_holders,
     withdraw_claim,
 )
 from pathswarm.protocol.net import SwarmNet, start_net
@@ -277,6 +281,25 @@ def test_module_announcements_and_metrics_round_trip(peers):
                           bytes_sent=1 << 20, bytes_received=1 << 21)
     assert publish_metrics(b, SPEC, metrics, ttl_s=20)
     assert read_metrics(a, SPEC) == [metrics]
+
+
+def test_records_stored_in_one_search_are_each_read_back(peers):
+    """A node's round of records (its modules' announcements, its metrics) goes out in one store and our modules'
+    announcements come back in one read: each record lands under its own key, and the batched read gives what a
+    read of each key gives."""
+    a, b, c = peers
+    anns = [ModuleAnnouncement(module_id=mid, round=7, digest=f"{i:02x}" * 32, peer_id=a.peer_id, numel=64)
+            for i, mid in enumerate(["L0M0", "L1M1"])]
+    metrics = NodeMetrics(path=(0, 1), peer_id=a.peer_id, round=7, loss=1.5, tokens_per_s=10.0,
+                          bytes_sent=1, bytes_received=2)
+    entries = [announcement_entry(a, SPEC, ann, 20) for ann in anns] + [metrics_entry(a, SPEC, metrics, 20)]
+    assert publish_entries(a, entries) == [True, True, True]
+    both = read_modules_holders(c, SPEC, ["L0M0", "L1M1", "L1M0"])
+    assert both == {"L0M0": [anns[0]], "L1M1": [anns[1]], "L1M0": []}
+    assert [read_module_holders(b, SPEC, mid) for mid in ("L0M0", "L1M1")] == [[anns[0]], [anns[1]]]
+    assert metrics in read_metrics(b, SPEC)
+    with pytest.raises(ValueError, match="names peer"):  # a record in another peer's name is not sent at all
+        announcement_entry(b, SPEC, anns[0], 20)
 
 
 def _running(pid: int) -> bool:
