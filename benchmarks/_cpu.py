@@ -49,8 +49,8 @@ class CpuSampler:
     """`with CpuSampler() as cpu: ...` then `cpu.seconds()`: core-seconds per kind used by the processes that ran
     meanwhile (those started before count only what they used after the start)."""
 
-    def __init__(self, period_s: float = 0.5):
-        self.period_s = period_s
+    def __init__(self, period_s: float = 0.5, kind_of=kind_of, kinds: tuple[str, ...] = KINDS):
+        self.period_s, self.kind_of, self.kinds = period_s, kind_of, kinds
         self._kinds: dict[str, str | None] = {}
         self._first: dict[str, int] = {}
         self._last: dict[str, int] = {}
@@ -75,7 +75,7 @@ class CpuSampler:
     def _sample(self, first: bool = False) -> None:
         for pid in (p.name for p in PROC.iterdir() if p.name.isdigit()):
             if pid not in self._kinds:
-                self._kinds[pid] = kind_of(pid)
+                self._kinds[pid] = self.kind_of(pid)
             if self._kinds[pid] is None:
                 continue
             stat = _stat(pid)
@@ -87,7 +87,7 @@ class CpuSampler:
             self._last[pid] = used
 
     def seconds(self) -> dict[str, float]:
-        out = dict.fromkeys(KINDS, 0.0)
+        out = dict.fromkeys(self.kinds, 0.0)
         for pid, used in self._last.items():
             out[self._kinds[pid]] += (used - self._first.get(pid, 0)) / self._ticks
         return {k: round(v, 2) for k, v in out.items()}

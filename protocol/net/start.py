@@ -216,6 +216,7 @@ def _start(
             raise
     net = SwarmNet(dht, owner, dht.peer_id.to_base58(), membership)
     net.client_mode = client_mode
+    net.search_beam = SEARCH_BEAM
     return net
 
 
@@ -232,6 +233,11 @@ def dht_node_id(owner: bytes) -> DHTID | None:
     return None if peer_id is None else DHTID.generate(source=f"pathswarm-dht-node:{peer_id}".encode())
 
 
+SEARCH_BEAM = 10
+"""How many of the nearest peers a search of the DHT keeps asking: twice the 5 a record is stored on (hivemind's
+`num_replicas`), where hivemind keeps its bucket size, 20, and so asks every peer of a swarm under 20. Every node
+reads the claims and its modules' announcements each round: at 16 peers that made the DHT and p2pd a third of the
+machine's CPU (benchmarks/dht_load.py measures both beams: every record still seen at 32 peers)."""
 STOP_STARTING_S = 0.3
 """How long a DHT process interrupted while starting gets to stop by itself before it is terminated."""
 PARENT_POLL_S = 0.5  # how often the DHT process checks that the process that started it is alive

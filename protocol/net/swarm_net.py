@@ -45,6 +45,8 @@ class SwarmNet:
         """A client answers no DHT requests (it cannot be dialed): protocol/reachability.py."""
         self.reachable: bool | None = None
         """Whether a peer could dial this one back (None: not measured)."""
+        self.search_beam: int | None = None
+        """How many of the nearest peers a search keeps asking (hivemind's `beam_size`; None: its bucket size)."""
 
     def visible_maddrs(self) -> list[str]:
         """Multiaddrs other peers can join through (pass them as `initial_peers`)."""
@@ -57,17 +59,18 @@ class SwarmNet:
     def store(self, key: str, value: Any, expires_at: float, subkey: bytes | None = None) -> bool:
         """Store a msgpack-able value under key (and subkey: signed with our key when it is `self.owner`)
         until expires_at (DHT time); True if some peer accepted it."""
-        return bool(self.dht.store(key, value, expires_at, subkey=subkey))
+        return self.store_many([(key, value, expires_at, subkey)])[0]
 
     def get(self, key: str, timeout_s: float | None = None) -> Any:
         """The newest value under key, None if there is none; a key written under subkeys gives
         {subkey: value}. Untrusted: whatever a peer stored. With timeout_s, raises TimeoutError when the
         DHT has not answered by then (a lookup that meets a dead peer waits for that peer's RPC timeout)."""
+        beam = {} if self.search_beam is None else {"beam_size": self.search_beam}
         if timeout_s is None:
-            found = self.dht.get(key, latest=True)
+            found = self.dht.get(key, latest=True, **beam)
         else:
             try:
-                found = self.dht.get(key, latest=True, return_future=True).result(timeout=timeout_s)
+                found = self.dht.get(key, latest=True, return_future=True, **beam).result(timeout=timeout_s)
             except concurrent.futures.TimeoutError:
                 raise TimeoutError(f"the DHT did not answer within {timeout_s:g} s") from None
         return _unwrap(found)
@@ -79,7 +82,7 @@ class SwarmNet:
         if not entries:
             return []
         keys, values, expirations, subkeys = (list(col) for col in zip(*entries, strict=True))
-        stored = self.dht.run_coroutine(partial(_store_many, keys, values, expirations, subkeys))
+        stored = self.dht.run_coroutine(partial(_store_many, keys, values, expirations, subkeys, self.search_beam))
         return [bool(stored.get((k, s) if s is not None else k)) for k, s in zip(keys, subkeys, strict=True)]
 
     def get_many(self, keys: Sequence[str], timeout_s: float | None = None) -> dict[str, Any]:
@@ -87,7 +90,7 @@ class SwarmNet:
         timeout_s."""
         if len(keys) <= 1:
             return {key: self.get(key, timeout_s) for key in keys}
-        future = self.dht.run_coroutine(partial(_get_many, list(keys)), return_future=True)
+        future = self.dht.run_coroutine(partial(_get_many, list(keys), self.search_beam), return_future=True)
         try:
             found = future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
@@ -138,9 +141,12 @@ def _unwrap(found: Any) -> Any:
 
 
 # Run in the DHT's process (hivemind's `run_coroutine` pickles them there: module level, arguments bound).
-async def _store_many(keys: list, values: list, expirations: list, subkeys: list, _dht: Any, node: Any) -> dict:
-    return await node.store_many(keys, values, expirations, subkeys=subkeys)
+async def _store_many(keys: list, values: list, expirations: list, subkeys: list, beam: int | None, _dht: Any,
+                      node: Any) -> dict:
+    return await node.store_many(keys, values, expirations, subkeys=subkeys,
+                                 **({} if beam is None else {"beam_size": beam}))
 
 
-async def _get_many(keys: list, _dht: Any, node: Any) -> dict:
-    return await node.get_many(keys, sufficient_expiration_time=float("inf"))
+async def _get_many(keys: list, beam: int | None, _dht: Any, node: Any) -> dict:
+    return await node.get_many(keys, sufficient_expiration_time=float("inf"),
+                               **({} if beam is None else {"beam_size": beam}))
