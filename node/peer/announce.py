@@ -16,6 +16,7 @@ from pathswarm.node.peer.background import Chores
 from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.dht import (
+    Entry,
     announcement_entry,
     metrics_entry,
     publish_entries,
@@ -115,14 +116,17 @@ class Announcer:
             self.chores.submit("announce", job)
 
     def _publish(self, announcements: list[ModuleAnnouncement], metrics: NodeMetrics) -> None:
-        # One store for all of a round's records: each store searches the DHT for its keys' holders (in a swarm
-        # under hivemind's bucket size, every peer), so one per record made these the DHT's main load.
+        # One store for all of a round's records: each store searches the DHT for its keys' nearest peers, and one
+        # per record made these the DHT's main load (benchmarks/dht_load.py).
         ttl = announce_ttl_s(self.spec)
         try:
             entries = [announcement_entry(self.sdht, self.spec, ann, ttl) for ann in announcements]
             entries.append(metrics_entry(self.sdht, self.spec, metrics, ttl))
-            if (relayed := self.relay_revocations(ttl)) is not None:
-                entries.append(relayed)
+            try:
+                if (relayed := self.relay_revocations(ttl)) is not None:
+                    entries.append(relayed)
+            except Exception as e:  # the round's own records still go out
+                logger.warning("could not read the revocation list: %s", e)
             serve = time.monotonic() >= self._spec_served_until
             if serve:
                 entries.append(spec_server_entry(self.sdht, self.spec.swarm_id))
@@ -131,7 +135,7 @@ class Announcer:
         except Exception as e:  # announcements are advisory; training goes on
             logger.warning("could not announce: %s", e)
 
-    def relay_revocations(self, ttl: float):
+    def relay_revocations(self, ttl: float) -> Entry | None:
         """A private swarm: learn the owner's newest revocation list (this process's gate enforces it from now on);
         the store that relays it, so it outlives the owner's publication (None: nothing to relay)."""
         revs = read_revocations(self.sdht, self.spec)

@@ -150,7 +150,7 @@ def test_sending_a_round_discards_the_saved_one_and_the_next_save_leaves_the_sen
     node = Node(NodeConfig(spec=spec, offline=True, checkpoint_dir=str(tmp_path)))
     node.worker = w = _worker(spec, synthetic_docs)
     # the network side of a send, stubbed: this checks the node's own bookkeeping
-    net = SimpleNamespace(submit=lambda coro: concurrent.futures.Future())
+    net = SimpleNamespace(submit=lambda coro: (coro.close(), concurrent.futures.Future())[1])  # never run
     exchange = SimpleNamespace(contribute=lambda *args: None, skipped=list, distrusted={},
                                audits=SimpleNamespace(alerts=[]))
     node.rounds = Rounds(node.cfg, node.status, w, exchange, net, lambda mid: None)
