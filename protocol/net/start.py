@@ -237,7 +237,10 @@ SEARCH_BEAM = 10
 """How many of the nearest peers a search of the DHT keeps asking: twice the 5 a record is stored on (hivemind's
 `num_replicas`), where hivemind keeps its bucket size, 20, and so asks every peer of a swarm under 20. Every node
 reads the claims and its modules' announcements each round: at 16 peers that made the DHT and p2pd a third of the
-machine's CPU (benchmarks/dht_load.py measures both beams: every record still seen at 32 peers)."""
+machine's CPU (benchmarks/dht_load.py measures both beams: every record still seen at 32 peers). The price: a store
+reaches its 5 replicas only while at most 5 of the 10 nearest peers it knows are dead (with 20: 15), and a read
+sees a record once one of those 5, or a peer that cached it, is among its 10; peers drop a dead peer from their
+routing tables when it fails to answer."""
 STOP_STARTING_S = 0.3
 """How long a DHT process interrupted while starting gets to stop by itself before it is terminated."""
 PARENT_POLL_S = 0.5  # how often the DHT process checks that the process that started it is alive
