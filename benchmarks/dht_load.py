@@ -10,11 +10,10 @@ every peer at once, each doing what a node does with the DHT in one of its round
 The arms differ only in how:
 - `per_record`: a store per record and a read per module, and the spec-server listing every round (the node before
   `SwarmNet.store_many`);
-- the rest store the round's records in one store and read the modules' announcements in one read;
-- `batched_beam20`: the same, every search keeping hivemind's bucket size (20) of nearest peers, which in a swarm
-  under 20 peers means asking every one of them;
-- `batched`: the same with the node's own beam (protocol/net/start.py `SEARCH_BEAM`, 10: twice the replicas a
-  record is stored on): the node now.
+- `batched`: the round's records in one store, the modules' announcements in one read (the node now), every search
+  keeping hivemind's bucket size (20) of nearest peers: in a swarm under 20 peers, every one of them;
+- `batched_beam10`: the same, searches keeping the 10 nearest (`SwarmNet.search_beam`: twice the 5 a record is stored
+  on). Not the node's default (protocol/net/start.py `SEARCH_BEAM` says why).
 Measured per arm: core-seconds of the peers' DHT processes and of their p2pd daemons per peer and round (read from
 /proc, the rounds only), and the wall time of a round; at the end of each arm, every peer must read every claim and
 every holder's announcement of each module (`all_seen`), or the arm loses records.
@@ -51,8 +50,8 @@ from pathswarm.protocol.spec_share import announce_spec_server
 
 SPEC = SwarmSpec(name="dht-load", levels=(1, 1))
 PATH = (0, 0)
-ARMS = {"per_record": 20, "batched_beam20": 20, "batched": SEARCH_BEAM}
-"""arm → the search beam it sets (20: hivemind's default, its bucket size)."""
+ARMS = {"per_record": SEARCH_BEAM, "batched": SEARCH_BEAM, "batched_beam10": 10}
+"""arm → the search beam it sets (None: hivemind's default, its bucket size, 20)."""
 
 
 def records(net, round_: int) -> tuple[list[ModuleAnnouncement], NodeMetrics]:
