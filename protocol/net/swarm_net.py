@@ -65,12 +65,12 @@ class SwarmNet:
         """The newest value under key, None if there is none; a key written under subkeys gives
         {subkey: value}. Untrusted: whatever a peer stored. With timeout_s, raises TimeoutError when the
         DHT has not answered by then (a lookup that meets a dead peer waits for that peer's RPC timeout)."""
-        beam = {} if self.search_beam is None else {"beam_size": self.search_beam}
         if timeout_s is None:
-            found = self.dht.get(key, latest=True, **beam)
+            found = self.dht.get(key, latest=True, **_beam(self.search_beam))
         else:
             try:
-                found = self.dht.get(key, latest=True, return_future=True, **beam).result(timeout=timeout_s)
+                found = self.dht.get(key, latest=True, return_future=True,
+                                     **_beam(self.search_beam)).result(timeout=timeout_s)
             except concurrent.futures.TimeoutError:
                 raise TimeoutError(f"the DHT did not answer within {timeout_s:g} s") from None
         return _unwrap(found)
@@ -140,13 +140,16 @@ def _unwrap(found: Any) -> Any:
     return value
 
 
+def _beam(beam: int | None) -> dict[str, int]:
+    """hivemind's search option for `SwarmNet.search_beam` (none: its default)."""
+    return {} if beam is None else {"beam_size": beam}
+
+
 # Run in the DHT's process (hivemind's `run_coroutine` pickles them there: module level, arguments bound).
 async def _store_many(keys: list, values: list, expirations: list, subkeys: list, beam: int | None, _dht: Any,
                       node: Any) -> dict:
-    return await node.store_many(keys, values, expirations, subkeys=subkeys,
-                                 **({} if beam is None else {"beam_size": beam}))
+    return await node.store_many(keys, values, expirations, subkeys=subkeys, **_beam(beam))
 
 
 async def _get_many(keys: list, beam: int | None, _dht: Any, node: Any) -> dict:
-    return await node.get_many(keys, sufficient_expiration_time=float("inf"),
-                               **({} if beam is None else {"beam_size": beam}))
+    return await node.get_many(keys, sufficient_expiration_time=float("inf"), **_beam(beam))

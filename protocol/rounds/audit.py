@@ -60,6 +60,7 @@ GATHER_RETRY_S = (0.25, 2.0)
 ALERTS_KEPT = 64
 """Alerts waiting to be checked; more are dropped (an alert costs its receiver a download)."""
 
+
 async def _back_off(pause: float, left_s: float) -> float:
     """Wait a jittered `pause` (at most `left_s`) before asking a peer that refused again; the next pause."""
     await asyncio.sleep(min(random.uniform(pause / 2, pause), max(0.0, left_s)))
