@@ -153,6 +153,7 @@ class Node:
         self._start_exchange()
         self.seat.exchange = self.exchange
         self.splits = Splits(self.worker, self.sync, self.rounds, self.exchange, self.status, self.seat.holders)
+        self.sync.replaced = self.splits.replaced  # a re-sync counts the work of ours it replaced, whoever asked
         self.seat.claim(path, self.worker.module_ids)
         clock.lap("model+claim")
         self._initial_sync()

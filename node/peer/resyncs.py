@@ -9,8 +9,7 @@ then the module sends no outer gradient: its steps carry over to the round after
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pathswarm.node.peer.vouch import Vouched
 
@@ -23,8 +22,6 @@ class Resync:
     peer: str
     expect: Vouched | None = None
     """The state the download must be (round, digest, reducer list), when a majority vouched for it."""
-    then: tuple[Callable[[], None], ...] = field(default=(), compare=False)
-    """Called once the download is in (a healed split counts the work it discards then, not before)."""
 
 
 class Resyncs:
@@ -34,19 +31,13 @@ class Resyncs:
         self._from: dict[str, str] = {}  # module → the peer to download it from
         self._expect: dict[str, Vouched] = {}  # module → the state that download must yield
         self._check: dict[str, str] = {}  # module → the peer (a reducer) that says our state is not the group's
-        self._then: dict[str, Callable[[], None]] = {}  # module → what to do once its download is in
 
-    def request_from(self, mid: str, peer: str, expect: Vouched | None = None,
-                     then: Callable[[], None] | None = None) -> None:
+    def request_from(self, mid: str, peer: str, expect: Vouched | None = None) -> None:
         """Download `mid` from `peer` at the next poll; `expect`: the state a majority vouches for (kept from an earlier
-        request when None); `then`: called once the download is in (an earlier request's is dropped)."""
+        request when None)."""
         self._from[mid] = peer
         if expect is not None:
             self._expect[mid] = expect
-        if then is not None:
-            self._then[mid] = then
-        else:
-            self._then.pop(mid, None)  # another download now: not the one an earlier request waited for
 
     def request_check(self, mid: str, peer: str) -> None:
         """`peer` says our state of `mid` is not the group's: a hint, never a source. The node re-syncs only to a
@@ -62,8 +53,7 @@ class Resyncs:
 
     def take(self) -> list[Resync]:
         """The downloads to do now; they are no longer pending."""
-        out = [Resync(mid, peer, self._expect.pop(mid, None), tuple(filter(None, [self._then.pop(mid, None)])))
-               for mid, peer in self._from.items()]
+        out = [Resync(mid, peer, self._expect.pop(mid, None)) for mid, peer in self._from.items()]
         self._from.clear()
         return out
 

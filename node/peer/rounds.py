@@ -74,6 +74,9 @@ class Rounds:
         self.abandoned = False  # a round's fate is unknown: its steps may or may not be in the swarm's anchor
         # module → state round → our tokens merged in the round that made it (a healed split takes them back)
         self.merged_log: dict[str, dict[int, int]] = {}
+        # module → state rounds of merged_log whose digest was not the group's: our tokens are in the group's version
+        # of that round (the reducer merged them), so a re-sync to the group's state keeps them (Splits.replaced)
+        self.diverged_log: dict[str, set[int]] = {}
         self.auditor = Auditor(cfg, status, exchange, net)  # checks other reducers' means (docs/SECURITY.md)
         self.applied = AppliedLog()  # the means we applied lately: a liar's rounds are undone once it is proven one
 
@@ -210,6 +213,10 @@ class Rounds:
             log[st.round] = done.merged_tokens
             for old in sorted(log)[:-MERGED_LOG_ROUNDS]:
                 del log[old]
+            diverged = self.diverged_log.setdefault(mid, set())
+            diverged.intersection_update(log)
+            if done.diverged:
+                diverged.add(st.round)
         applied = [(f, p) for f, p in zip(item.units, parts, strict=True) if p.applied]
         if done.applied:
             first = applied[0][0].result

@@ -21,7 +21,8 @@ announce a forged digest, however many, decide nothing):
 
 Our merged rounds that did not survive are discarded: their tokens move from merged to discarded (a reducer's from
 reduced to discarded), for every module, and the heal is recorded (round, rounds it took) for the status file and the
-node's metrics. `split_verdict`, `ahead_alone` and `SplitWatch` are the rules and the hand-over between threads;
+node's metrics. That is done for any re-sync that replaces states of ours with another version (`Splits.replaced`),
+not only for those this watch asks for: a split often settles first through a reducer's "out of sync". `split_verdict`, `ahead_alone` and `SplitWatch` are the rules and the hand-over between threads;
 `Splits` is the node's side.
 """
 
@@ -182,9 +183,12 @@ class SplitWatch:
         return out
 
 
-def lost_since(log: dict[int, int], first_round: int) -> int:
-    """Tokens of the rounds from `first_round` on (state rounds after each merge, as `log` keys them)."""
-    return sum(tokens for round_, tokens in log.items() if round_ >= first_round)
+def first_lost_round(ours: dict[int, str], theirs: dict[int, str], their_round: int) -> int:
+    """The first state round of ours (round → digest) that the adopted version (round → digest of the states it went
+    through, its own at `their_round` included) does not hold: the earliest round both name with other digests, else
+    the first after theirs. (Rounds that only one side names are taken as shared: a holder's chain is short.)"""
+    differ = [r for r in ours.keys() & theirs.keys() if ours[r] != theirs[r]]
+    return min([their_round + 1, *differ])
 
 
 class Splits:
@@ -197,6 +201,7 @@ class Splits:
         self.holders = holders
         self.watch = SplitWatch()
         self._ahead = AheadWait(AHEAD_PATIENCE_GRACES * sync.spec.averaging.grace_s)
+        self._found: dict[str, Heal] = {}  # module → the split verdict whose re-sync is pending
 
     def look(self) -> None:
         """Chores thread: compare our modules' digests with those their other holders announce."""
@@ -239,22 +244,34 @@ class Splits:
             self._heal(heal)
 
     def _heal(self, heal: Heal) -> None:
-        """Our version lost: re-sync from the winning side; once the download is in, count its work as discarded."""
+        """Our version lost: re-sync from the winning side (the download counts the work it discards: `replaced`)."""
         mine = self.sync.local_states.get(heal.module)
         if mine is None or (mine.round, mine.digest()) != heal.at:
             return  # our state moved on (a round, a re-sync): the next look decides again
-        self.rounds.resyncs.request_from(heal.module, heal.peer, heal.back_to, then=lambda: self._discard(heal))
+        self._found[heal.module] = heal
+        self.rounds.resyncs.request_from(heal.module, heal.peer, heal.back_to)
 
-    def _discard(self, heal: Heal) -> None:
-        """Training thread, after the winning version was downloaded: our merged (and reduced) tokens of the rounds
-        that lost are discarded, for every module, and the heal is recorded."""
-        log = self.rounds.merged_log.get(heal.module, {})
-        lost = lost_since(log, heal.round)
-        for r in [r for r in log if r >= heal.round]:
-            del log[r]  # counted now: a later heal over the same rounds must not count them again
-        reduced = self.sync.net.run(self.exchange.take_back_reduced(heal.module, heal.round), 10)
-        rounds = max(1, heal.at[0] - heal.round + 1)
-        self.status.split_healed(heal.module, lost, reduced)
-        self.status.split_settled(heal.module, heal.round, rounds, lost, reduced)
+    def replaced(self, mid: str, before: tuple[int, dict[int, str]], adopted: Vouched) -> None:
+        """Training thread, after any re-sync replaced our state of `mid` (a heal's, an "out of sync", a round whose
+        digest was not the group's, "behind"): our merged (and reduced) tokens of the states of ours the adopted
+        version does not hold are discarded, for every module, and the heal is recorded. Whoever asked: a split also
+        settles through a re-sync the split watch did not ask for (our reducer answers "out of sync" first), and its
+        work went uncounted (the slow split-heal test, issue 27)."""
+        our_round, ours = before
+        first = first_lost_round(ours, dict(adopted.history) | {adopted.round: adopted.digest}, adopted.round)
+        heal = self._found.pop(mid, None)
+        if heal is not None and heal.at == (our_round, ours.get(our_round)):
+            first = min(first, heal.round)  # the split watch compared chains the download does not bring
+        # A round whose digest was not the group's (ours diverged) is in the group's version all the same: kept.
+        kept = {r for r in self.rounds.diverged_log.get(mid, ()) if first <= r <= adopted.round}
+        if not set(range(first, our_round + 1)) - kept:
+            return  # we were behind on the same version, or only our replica of it differed: nothing of ours is gone
+        log = self.rounds.merged_log.get(mid, {})
+        gone = [r for r in log if r >= first and r not in kept]
+        lost = sum(log.pop(r) for r in gone)  # counted now: a later heal over the same rounds must not count them again
+        reduced = self.sync.net.run(self.exchange.take_back_reduced(mid, first), 10)
+        rounds = our_round - first + 1
+        self.status.split_healed(mid, lost, reduced)
+        self.status.split_settled(mid, first, rounds, lost, reduced)
         logger.warning("module %s: healed; %d round(s) of ours from round %d discarded (%d tokens merged, %d reduced)",
-                       heal.module, rounds, heal.round, lost, reduced)
+                       mid, rounds, first, lost, reduced)

@@ -49,6 +49,9 @@ class StateSync:
         """Announcer → the peers its latest announcement says it caught lying (node/peer/vouch.py `voted_out`)."""
         self.voters: set[str] = set()
         """The claims' holders of all our modules at start: whose votes count while we have no history."""
+        self.replaced: Callable[[str, tuple[int, dict[int, str]], Vouched], None] | None = None
+        """Called after a re-sync replaced a module's state: (module, `ours` before it, the state adopted). The node
+        counts there the work of ours the new state does not hold (node/peer/splits.py `Splits.replaced`)."""
 
     def publish_local(self, mid: str) -> None:
         st = self.worker.outer[mid]  # immutable: the exchange serves this very object (no copy)
@@ -202,37 +205,50 @@ class StateSync:
             servers = [p for p in got.peers if p not in self.clients] or list(got.peers)
             resyncs.request_from(mid, hint if hint in servers else servers[0], got)
         for r in resyncs.take():
+            before = self.ours(r.module)
             try:
-                synced = self._download_any(r.module, r.peer, r.expect, holders)
+                adopted = self._download_any(r.module, r.peer, r.expect, holders)
             except Interrupted:  # leaving: the next run syncs anyway
                 logger.info("re-sync of %s given up: the node is stopping", r.module)
                 return
-            if synced:
-                for then in r.then:
-                    then()
+            if adopted is not None and self.replaced is not None:
+                self.replaced(r.module, before, adopted)
 
-    def _download_any(self, mid: str, peer: str, expect: Vouched | None, holders: Callable[[str], list[str]]) -> bool:
+    def ours(self, mid: str) -> tuple[int, dict[int, str]]:
+        """Our state round of `mid` and the (round → digest) of the states we hold and held just before it."""
+        mine = self.local_states.get(mid)
+        states = {r: d for r, d, _ in self.status.chains.get(mid, ())}
+        if mine is None:
+            return self.worker.outer[mid].round, states
+        return mine.round, states | {mine.round: mine.digest()}
+
+    def _download_any(self, mid: str, peer: str, expect: Vouched | None,
+                      holders: Callable[[str], list[str]]) -> Vouched | None:
         """A re-sync's download: from `peer`, then the state's other announcers (one may serve a list the others do
         not hold). When every holder of the vouched state has moved past it meanwhile, the announcements are read
-        again, once, and the state a majority vouches for now is downloaded instead."""
+        again, once, and the state a majority vouches for now is downloaded instead. Returns the state adopted (with
+        the history its vouchers name; without a vouched state, only the state itself), None if none was."""
         for attempt in range(2):
             if expect is not None and self.download_parts(mid, expect, keep_progress=True):
                 logger.info("re-synced %s from %d holders at round %d", mid, len(expect.peers),
                             self.worker.outer[mid].round)
                 self.publish_local(mid)
-                return True
+                return expect
             for server in [peer] + [p for p in (expect.peers if expect else ()) if p != peer and p not in self.clients]:
                 if self.download(mid, server, keep_progress=True, expect=expect):
                     logger.info("re-synced %s from %s at round %d", mid, server[-8:], self.worker.outer[mid].round)
                     self.publish_local(mid)
-                    return True
+                    if expect is not None:
+                        return expect
+                    got = self.local_states[mid]
+                    return Vouched(got.round, got.digest(), (server,), history=((got.round, got.digest()),))
             if expect is None or attempt or self.sdht is None:
-                return False
+                return None
             again = majority_state(*self.announced(mid, holders(mid)))
             if again is None or again.round <= expect.round or not again.peers:
-                return False
+                return None
             expect, peer = again, next((p for p in again.peers if p not in self.clients), again.peers[0])
-        return False
+        return None
 
     def note_announcements(self, anns) -> None:
         """Remember what announcements say beside the state: announcers that cannot be dialed

@@ -55,6 +55,10 @@ class Vouched:
     list a download brings must have it (the state digest does not cover the list)."""
     vouchers: tuple[str, ...] = field(default=(), compare=False)
     """Everyone who vouches for it (sorted): `peers`, and those whose chain names it (they moved past it)."""
+    history: tuple[tuple[int, str], ...] = field(default=(), compare=False)
+    """(round, digest) of the states this version went through, as one voucher's chain names them, oldest first,
+    this state last: a re-sync compares them with ours to find the rounds of ours that did not survive
+    (node/peer/splits.py `first_lost_round`)."""
 
 
 def majority_state(announced: Iterable[Announced], me: str, counted: Collection[str]) -> Vouched | None:
@@ -84,7 +88,9 @@ def majority_state(announced: Iterable[Announced], me: str, counted: Collection[
     for lst in by.values():
         by_list[lst] = by_list.get(lst, 0) + 1
     top = max(by_list, key=lambda d: (by_list[d], d))
-    return Vouched(round_, digest, peers, top if 2 * by_list[top] > len(by) else "", tuple(sorted(by)))
+    told = latest[(peers or tuple(sorted(by)))[0]].states()
+    history = tuple((r, d) for r, (d, _) in sorted(told.items()) if r <= round_)
+    return Vouched(round_, digest, peers, top if 2 * by_list[top] > len(by) else "", tuple(sorted(by)), history)
 
 
 def vouched_state(announced: Iterable[Announced], me: str, my_round: int,

@@ -1,12 +1,17 @@
 """What a node records and publishes about splits (issue 27, item 5): the chain of states its announcements name, the
-work a healed split discards (every module's), the heals and the modules stalled in its metrics, and the re-sync
-that counts a heal only once its download is in."""
+work a re-sync discards when it replaces rounds of ours (every module's, whoever asked for it), the heals and the
+modules stalled in its metrics."""
+
+import asyncio
+from types import SimpleNamespace
 
 import pytest
 
 from pathswarm.node.peer.announce import StallWatch, announced_chain
 from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.peer.resyncs import Resyncs
+from pathswarm.node.peer.splits import Heal, Splits
+from pathswarm.node.peer.vouch import Vouched
 from pathswarm.protocol.records import (
     MAX_CHAIN,
     MAX_RECORD_BYTES,
@@ -59,17 +64,64 @@ def test_a_module_that_merges_none_of_our_rounds_is_counted_stalled_round_after_
     assert watch.note("m", 7, "d7", ours=True) == 0 and watch.note("n", 1, "x", ours=False) == 1
 
 
-def test_a_heals_download_calls_its_callback_once_and_another_request_drops_it():
-    calls = []
-    rs = Resyncs()
-    rs.request_from("m", "p", then=lambda: calls.append("heal"))
-    [r] = rs.take()
-    for then in r.then:
-        then()
-    assert calls == ["heal"] and rs.take() == []
-    rs.request_from("m", "p", then=lambda: calls.append("stale"))
-    rs.request_from("m", "q")  # another download of the module now: not the heal's
-    assert [r.then for r in rs.take()] == [()]
+class _Exchange:
+    def __init__(self, reduced: int):
+        self.reduced, self.asked = reduced, []
+
+    async def take_back_reduced(self, module: str, first_round: int) -> int:
+        self.asked.append((module, first_round))
+        return self.reduced
+
+
+class _Net:
+    def run(self, coro, timeout):
+        return asyncio.run(coro)
+
+
+def _splits(merged: dict[int, int], diverged=()) -> tuple[Splits, NodeStatus, _Exchange]:
+    status, exchange = NodeStatus(), _Exchange(reduced=30)
+    status.round_settled("shared", sum(merged.values()), 0)
+    sync = SimpleNamespace(spec=SimpleNamespace(averaging=SimpleNamespace(grace_s=1.0)), net=_Net(),
+                           local_states={})
+    rounds = SimpleNamespace(merged_log={"shared": dict(merged)}, diverged_log={"shared": set(diverged)},
+                             resyncs=Resyncs())
+    return Splits(SimpleNamespace(), sync, rounds, exchange, status, lambda mid: []), status, exchange
+
+
+def test_any_re_sync_that_replaces_rounds_of_ours_counts_them_discarded_and_records_the_heal():
+    # Our reducer said "out of sync" after a split at state round 9; the split watch had not asked for this re-sync.
+    splits, st, exchange = _splits({8: 70, 9: 100, 10: 50})
+    ours = (10, {8: "a8", 9: "b9", 10: "b10"})
+    splits.replaced("shared", ours, Vouched(11, "a11", ("p",), history=((9, "a9"), (10, "a10"), (11, "a11"))))
+    assert (st.tokens_merged, st.tokens_discarded, st.tokens_reduced_discarded) == (70, 150, 30)
+    assert st.split_discarded == {"shared": [150, 30, 2]} and st.heals == [["shared", 9, 2]]
+    assert splits.rounds.merged_log["shared"] == {8: 70} and exchange.asked == [("shared", 9)]
+    splits.replaced("shared", ours, Vouched(11, "a11", ("p",), history=((9, "a9"),)))  # counted once, not twice
+    assert st.tokens_discarded == 150 and st.split_discarded["shared"][0] == 150
+
+
+def test_a_re_sync_on_our_own_version_or_after_our_replica_alone_diverged_discards_nothing():
+    splits, st, exchange = _splits({9: 100, 10: 50})
+    splits.replaced("shared", (10, {9: "a9", 10: "a10"}), Vouched(12, "a12", ("p",), ((10, "a10"), (11, "a11"))))
+    # our digest of round 10 was not the group's, but the reducer merged our tokens into the group's round 10
+    diverged, st2, _ = _splits({9: 100, 10: 50}, diverged={10})
+    diverged.replaced("shared", (10, {9: "a9", 10: "x10"}), Vouched(10, "a10", ("p",), ((9, "a9"), (10, "a10"))))
+    for s, status in ((splits, st), (diverged, st2)):
+        assert (status.tokens_merged, status.tokens_discarded, status.heals) == (150, 0, [])
+        assert s.rounds.merged_log["shared"] == {9: 100, 10: 50}
+    assert exchange.asked == []
+
+
+def test_a_heals_verdict_names_the_first_lost_round_when_the_download_brings_no_history():
+    splits, st, _ = _splits({9: 100, 10: 50})
+    splits._found["shared"] = Heal("shared", 9, "p", "a9", "b9", at=(10, "b10"))
+    splits.replaced("shared", (10, {9: "b9", 10: "b10"}), Vouched(10, "a10", ("p",)))
+    assert st.heals == [["shared", 9, 2]] and st.tokens_discarded == 150 and splits._found == {}
+    # a verdict about a state we no longer hold says nothing about this download
+    splits, st, _ = _splits({9: 100, 10: 50})
+    splits._found["shared"] = Heal("shared", 9, "p", "a9", "b9", at=(10, "old"))
+    splits.replaced("shared", (10, {9: "b9", 10: "b10"}), Vouched(10, "a10", ("p",)))
+    assert st.heals == [["shared", 10, 1]] and st.tokens_discarded == 50
 
 
 def test_announcements_name_their_chain_and_metrics_their_heals_within_the_record_bounds():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pathswarm.node.peer.splits import AheadWait, SplitWatch, lost_since, split_verdict
+from pathswarm.node.peer.splits import AheadWait, SplitWatch, first_lost_round, split_verdict
 from pathswarm.node.peer.vouch import Announced as A
 from pathswarm.protocol.rounds.reducers import (
     Stance,
@@ -45,13 +45,20 @@ def test_a_tie_is_broken_the_same_way_on_both_sides():
     assert left is None and right is not None and right.winner == "d1" and right.peer == "a"
 
 
-def test_each_split_round_is_healed_once_and_lost_tokens_are_those_from_the_split_on():
+def test_each_split_round_is_healed_once():
     watch = SplitWatch()
     heal = split_verdict("m", 3, "d2", "b", [A("a", 3, "d1")])
     watch.observe(heal)
     watch.observe(heal)
     assert watch.take() == [heal] and watch.take() == []
-    assert lost_since({1: 100, 2: 100, 3: 120, 4: 80}, 3) == 200
+
+
+def test_a_replaced_state_loses_our_rounds_from_the_first_the_adopted_version_does_not_hold():
+    ours = {3: "a3", 4: "a4", 5: "b5", 6: "b6"}
+    assert first_lost_round(ours, {3: "a3", 4: "a4", 5: "a5", 6: "a6", 7: "a7"}, 7) == 5  # a split at 5
+    assert first_lost_round(ours, {5: "b5", 6: "b6", 7: "b7", 8: "b8"}, 8) == 9  # behind on our own version
+    assert first_lost_round(ours, {3: "a3", 4: "a4"}, 4) == 5  # ahead alone: back to 4
+    assert first_lost_round(ours, {9: "x9"}, 9) == 10  # no state in common: what we held is taken as theirs
 
 
 def test_the_next_rounds_candidates_are_its_reducer_then_its_contributors():

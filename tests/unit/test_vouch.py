@@ -172,11 +172,13 @@ def test_a_holder_a_round_ahead_still_vouches_for_the_state_before():
     b = A("b", 7, "d7", "l7", ((6, "d6", "l6"),))
     got = vouched_state([a, b], "me", 5, HONEST)
     assert (got.round, got.digest, got.peers, got.reducers, got.vouchers) == (7, "d7", ("b",), "l7", ("a", "b"))
+    assert got.history == ((6, "d6"), (7, "d7"))  # the states it went through (a holder's chain), for a re-sync
     # the newest state a majority vouches for wins; a state nobody holds any more is no download
     c = A("c", 8, "d8", "l8", ((7, "d7", "l7"),))
     assert vouched_state([a, b, c], "me", 5, HONEST) == Vouched(8, "d8", ("a", "c"), "l8")
     moved = [A("a", 9, "x9", "", ((8, "d8", ""),)), A("b", 9, "y9", "", ((8, "d8", ""),))]
     assert majority_state(moved, "me", {"a", "b"}).peers == () and vouched_state(moved, "me", 5, {"a", "b"}) is None
+    assert majority_state(moved, "me", {"a", "b"}).history == ((8, "d8"),)  # a voucher's chain, cut at the state
     # a chain is one voice per peer: one peer naming a state twice (chain and current) still counts once
     assert majority_state([A("a", 7, "d7", "", ((6, "d6", ""),)), A("b", 5, "d5"), A("c", 5, "d5")], "me",
                           HONEST) == Vouched(5, "d5", ("b", "c"))
