@@ -6,7 +6,10 @@ later one: node/peer/status.py `write_status`)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+
+import torch
 
 from pathswarm.node.peer.config import NodeConfig
 from pathswarm.node.peer.counters import Counts
@@ -70,12 +73,14 @@ class Checkpoints:
         ckpt = self.load()
         return None if ckpt is None else ckpt.counters
 
-    def save(self, worker: PathWorker | None, counts: Counts) -> None:
+    def save(self, worker: PathWorker | None, counts: Counts,
+             residuals: Mapping[str, torch.Tensor | None] | None = None) -> None:
         """Checkpoint every module's state as of its last round (atomically: node/train/checkpoint.py), and the
-        counters as of now."""
+        counters as of now; `residuals`: the modules with a round in flight, their error feedback before its send
+        (node/peer/rounds.py `residuals_before_send`)."""
         if self.cfg.checkpoint_dir and worker is not None:
             round_ = max(st.round for st in worker.outer.values())
-            states = {mid: worker.module_state(mid) for mid in worker.module_ids}
+            states = {mid: worker.module_state(mid, residuals) for mid in worker.module_ids}
             try:
                 save_checkpoint(self.cfg.checkpoint_dir, self.spec, round_, states, counts.to_json())
             except OSError as e:  # a full disk must not end the node: the last complete round stays on disk

@@ -64,6 +64,13 @@ class InFlight:
     def reducer(self) -> str:
         return self.units[0].reducer
 
+    def residual_before(self) -> torch.Tensor | None:
+        """The module's error-feedback residual before this round's frames were encoded (None: it had none)."""
+        if len(self.units) == 1:
+            return self.units[0].sent.feedback_before.get("residual")
+        parts = [f.sent.feedback_before.get("residual") for f in self.units]
+        return None if any(p is None for p in parts) else torch.cat(parts)
+
     def module_reference(self, state: OuterState) -> float:
         """The module's momentum norm (rule.py `reference_norm`) as of `state`, once for all its slices' checks."""
         if self._reference is None or self._reference[0] is not state:

@@ -252,16 +252,19 @@ class Node:
                     self.rounds.catch_up = False
                     break
             self.status.chunk_trained(losses, chunk_tokens, time.perf_counter() - t0, first_round)
-            # Round r-1 must settle before round r is sent. It normally settled while we trained; if its reducer
-            # is frozen or slow, a decoupled node stands still for the grace window at most, then trains on: the
-            # next outer gradient carries these steps too (sync mode waits, as data-parallel training does).
+            # A module's round r-1 must settle before its round r is sent. It normally settled while we trained.
+            # Sync mode waits for every module's, as data-parallel training does. Decoupled, the modules whose round
+            # settled go out now, each on its own: waiting for the others first let two holders each late in another
+            # module hold each other's rounds to their grace windows for good (benchmarks/restarts.py --kill
+            # replying: a restarted holder merged none of its rounds of `shared` for 36 rounds), and the others follow
+            # as their rounds settle (`_send_settled`).
             with self.work("settle"):
-                self._poll_timed(None if self.cfg.sync_rounds else spec.averaging.grace_s)
+                if self.cfg.sync_rounds:
+                    self._poll_timed()
+                else:
+                    self._poll(block=False)
             if self.stop_event.is_set():
                 break
-            if self.rounds.in_flight:
-                logger.info("previous round still open after %.0f s: training on", spec.averaging.grace_s)
-                continue
             with self.work("claims"):
                 # Read where the round is sent: every member picks the reducer from a view this fresh, so views
                 # agree when membership changes. Decoupled, the read is bounded: a lookup that meets a just-dead
@@ -269,11 +272,20 @@ class Node:
                 self.seat.refresh_for_send(None if self.cfg.sync_rounds else CLAIMS_READ_S)
             with self.work("send"):
                 self.partial.on_send()
-                self.rounds.send(self.seat.groups)
-            rounds_sent += 1
+                sent = self.rounds.send(self.seat.groups)
+            last = bool(self.cfg.max_rounds) and rounds_sent + 1 >= self.cfg.max_rounds
+            still_open: list[str] = []
             if self.cfg.sync_rounds:
                 with self.work("settle"):
                     self._poll_timed()  # data-parallel: nobody trains on until the round is done
+            else:
+                late = [mid for mid in self.worker.module_ids if mid not in sent and mid in self.rounds.in_flight]
+                if late:
+                    with self.work("settle"):
+                        still_open = self._send_settled(late, None if last else spec.averaging.grace_s)
+            if len(still_open) == len(self.worker.module_ids):
+                continue  # nothing went out this time: not a round sent
+            rounds_sent += 1
             if self.cfg.max_rounds and rounds_sent >= self.cfg.max_rounds:
                 self._poll(block=True, abandon=False, stoppable=False)
                 break
@@ -285,6 +297,27 @@ class Node:
         if not self.stop_event.is_set():  # asked to stop, the last line says it (`_farewell`)
             for mid in self.rounds.in_flight:
                 logger.warning("round of %s still open at shutdown; abandoned", mid)
+
+    def _send_settled(self, waiting: list[str], timeout_s: float | None) -> list[str]:
+        """Decoupled: send each module of `waiting` (its last round was still open when the others went out) as soon
+        as that round settles, standing still `timeout_s` at most (None: the round's own timeout, for the last
+        round of a run); those still open then train on, and their steps go with their next send. Returns them."""
+        t0 = time.monotonic()
+        deadline = t0 + (timeout_s if timeout_s is not None
+                         else self.spec.averaging.grace_s + self.spec.averaging.timeout_s + 5)
+        waiting = list(waiting)
+        while waiting and not self.stop_event.is_set() and time.monotonic() < deadline:
+            self._poll(block=True, timeout_s=min(STOP_POLL_S, max(0.0, deadline - time.monotonic())))
+            ready = [mid for mid in waiting if mid not in self.rounds.in_flight]
+            if ready and not self.stop_event.is_set():
+                self.partial.on_send()
+                self.rounds.send(self.seat.groups, only=ready)
+                waiting = [mid for mid in waiting if mid not in ready]
+        self.status.waited(time.monotonic() - t0)
+        if waiting:
+            logger.info("round of %s still open after %.0f s: training on", ", ".join(waiting),
+                        time.monotonic() - t0)
+        return waiting
 
     def _poll_timed(self, timeout_s: float | None = None) -> None:
         """Wait (at most timeout_s; None: the round's own timeout) for the rounds in flight to settle, keeping
@@ -335,7 +368,7 @@ class Node:
         for mid in self.exchange.take_behind():
             self.sync.behind(mid, self.seat.holders(mid), self.rounds.resyncs)
         with self.work("checkpoint"):
-            self.checkpoints.save(self.worker, self._counts())
+            self.checkpoints.save(self.worker, self._counts(), self.rounds.residuals_before_send())
         self.partial.renew_next_step()
         if self.announcer is not None:
             with self.work("announce"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 
 import torch
@@ -71,6 +71,9 @@ class Rounds:
         """Re-syncs asked for (here, by StateSync and by the split watch), done by StateSync.resync."""
         self.catch_up = False  # our last round came late: make the next chunk shorter
         self.settled_any = False  # a round settled since the last completed one
+        self.generation = 0  # chunks of inner steps whose outer gradients were sent (`send`)
+        self.completed_generation = 0  # the last generation every module of which settled (`poll`)
+        self.flight_generation: dict[str, int] = {}  # module in flight → the generation it was sent in
         self.abandoned = False  # a round's fate is unknown: its steps may or may not be in the swarm's anchor
         # module → state round → our tokens merged in the round that made it (a healed split takes them back)
         self.merged_log: dict[str, dict[int, int]] = {}
@@ -80,18 +83,27 @@ class Rounds:
         self.auditor = Auditor(cfg, status, exchange, net)  # checks other reducers' means (docs/SECURITY.md)
         self.applied = AppliedLog()  # the means we applied lately: a liar's rounds are undone once it is proven one
 
-    def send(self, groups: Groups) -> None:
-        """Every module's outer gradient to its reducers; the rounds run in the background. Who reduces follows from
-        the last round's result (the module state's `reducers`), else, before any, from the claims. A module's round
-        is cut into slices when the spec allows it and the list names enough members (protocol/rounds/slices.py):
-        one contribution per slice, each to its own rotation of the list."""
+    def send(self, groups: Groups, only: Collection[str] | None = None) -> list[str]:
+        """Every module's outer gradient to its reducers (`only`: those modules'); the rounds run in the background.
+        Who reduces follows from the last round's result (the module state's `reducers`), else, before any, from the
+        claims. A module's round is cut into slices when the spec allows it and the list names enough members
+        (protocol/rounds/slices.py): one contribution per slice, each to its own rotation of the list.
+
+        A module whose previous round is still in flight is not sent: its steps carry (the node sends it once that
+        round settles, `send_settled`). Without `only`, the send opens a new generation of rounds (one chunk of
+        inner steps): the node's round is complete once every module sent in a generation has settled (`poll`).
+        Returns the modules sent."""
         self.holders = groups.holders  # the audit's group size counts these, not the size a reducer reports
+        if only is None:
+            self.generation += 1
         tokens = self.worker.round_tokens
         timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
         audits_by = time.monotonic() + self.spec.averaging.grace_s  # our pending audits hold the send this long
+        out = []
         for mid in self.worker.module_ids:
-            if self.resyncs.pending(mid):
-                self.carry[mid] = self.carry.get(mid, 0) + tokens  # re-synced keeping our progress
+            if self.resyncs.pending(mid) or mid in self.in_flight or (only is not None and mid not in only):
+                # re-synced keeping our progress, or its last round still open: the steps stay in our weights
+                self.carry[mid] = self.carry.get(mid, 0) + tokens
                 continue
             self.auditor.before_send(mid, audits_by)
             self._undo_lies(mid)
@@ -110,7 +122,16 @@ class Rounds:
                     order, unit.id, sent.round, sent.tokens, sent.digest_before, sent.frame, timeout)))
                 flights.append(flight)
             self.in_flight[mid] = InFlight(parts[0] if len(parts) == 1 else whole_of(st, parts), flights)
+            self.flight_generation[mid] = self.generation
+            out.append(mid)
         self.worker.end_round()
+        return out
+
+    def residuals_before_send(self) -> dict[str, torch.Tensor | None]:
+        """Module → its error-feedback residual before the outer gradient in flight was encoded, for the modules with
+        a round in flight: a checkpoint holds the state as of the last settled round, and that residual with it (the
+        one after the send belongs to a round the checkpoint does not hold)."""
+        return {mid: item.residual_before() for mid, item in self.in_flight.items()}
 
     def poll(self, block: bool, timeout_s: float | None = None, abandon: bool = True) -> bool:
         """Settle the rounds that are done (blocking: wait for them up to timeout_s). Returns True when this
@@ -140,9 +161,13 @@ class Rounds:
                     self.in_flight.pop(mid)
                     logger.warning("round of %s still open at shutdown; abandoned", mid)
                     self.abandoned = True
-        complete = not self.in_flight and self.settled_any
+        # The generations every module of which has settled: with a module sent late (its round before was still
+        # open at the chunk's end), the next generation's sends are in flight when the older one completes.
+        done = min((self.flight_generation[m] for m in self.in_flight), default=self.generation + 1) - 1
+        complete = done > self.completed_generation and self.settled_any
         if complete:
             self.settled_any = False
+            self.completed_generation = done
         return complete
 
     def _check_unit(self, mid: str, item: InFlight, flight: UnitFlight) -> None:

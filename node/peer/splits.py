@@ -22,8 +22,9 @@ announce a forged digest, however many, decide nothing):
 Our merged rounds that did not survive are discarded: their tokens move from merged to discarded (a reducer's from
 reduced to discarded), for every module, and the heal is recorded (round, rounds it took) for the status file and the
 node's metrics. That is done for any re-sync that replaces states of ours with another version (`Splits.replaced`),
-not only for those this watch asks for: a split often settles first through a reducer's "out of sync". `split_verdict`, `ahead_alone` and `SplitWatch` are the rules and the hand-over between threads;
-`Splits` is the node's side.
+not only for those this watch asks for: a split often settles first through a reducer's "out of sync".
+`split_verdict`, `ahead_alone` and `SplitWatch` are the rules and the hand-over between threads; `Splits` is the
+node's side.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ states, `feedback` residuals and flat weights (`flat` / `set_flat`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch.nn.utils import parameters_to_vector
@@ -80,11 +80,13 @@ class PathWorker:
         return self.outer[mid].digest()
 
     # ---- checkpoints -------------------------------------------------------------------------
-    def module_state(self, mid: str) -> ModuleState:
-        """The module at its last complete outer round (anchor, not the in-flight local weights)."""
+    def module_state(self, mid: str, residuals: Mapping[str, torch.Tensor | None] | None = None) -> ModuleState:
+        """The module at its last complete outer round (anchor, not the in-flight local weights). `residuals`: the
+        error-feedback residual of modules whose round is in flight, as it was before their send (the current one
+        belongs to that round)."""
         st = self.outer[mid]
         weights = unflatten_like(self.model.module(mid).state_dict(), st.anchor)
-        residual = self.feedback[mid].residual
+        residual = residuals[mid] if residuals is not None and mid in residuals else self.feedback[mid].residual
         return ModuleState(weights=weights, momentum=st.momentum.clone(), round=st.round, reducers=st.reducers,
                            feedback=None if residual is None else residual.clone())
 

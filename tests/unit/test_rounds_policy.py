@@ -275,3 +275,41 @@ def test_a_slice_where_our_outer_gradient_is_nothing_still_takes_an_honest_mean(
     assert reducer not in exchange.distrusted, exchange.distrusted
     assert flight.result is not None and flight.result.status == "merged", flight.result
     assert flight.bound is not None and flight.bound > float(torch.linalg.vector_norm(mean)) and st.round == 0
+
+
+def test_a_module_whose_round_is_still_open_carries_and_goes_out_once_it_settles(spec, synthetic_docs):
+    """Decoupled sends (node/peer/node.py `_send_settled`): at the end of a chunk the modules whose round settled are
+    sent, a module whose round is still open is not (its steps carry) and goes out on its own once it settles. The
+    node's round is complete once every module sent in a chunk has settled, whatever the next chunk has in flight;
+    a checkpoint then keeps, for a module in flight, its error feedback from before that send."""
+    import torch
+
+    rounds, worker, exchange, _ = _rounds(spec, synthetic_docs)
+    a, b = worker.module_ids[:2]
+    groups = _groups(worker)
+    _send(rounds, worker, groups)
+    first = next(c[3] for c in exchange.calls if c[1] == b)
+    assert set(rounds.in_flight) == set(worker.module_ids) and rounds.generation == 1
+
+    def fail(mid):
+        rounds.in_flight[mid].units[0].future.set_result(RoundResult(mid, 0, "failed", reason="test"))
+        return rounds.poll(block=False)
+
+    others = [m for m in worker.module_ids if m != b]
+    assert [fail(m) for m in others] == [False] * len(others)  # b's round still open: not complete
+    worker.train_inner(1)
+    second = worker.round_tokens
+    exchange.calls.clear()
+    assert rounds.send(groups) == others  # b is not sent: its round is still open
+    assert {c[1] for c in exchange.calls} == set(others) and rounds.carry[b] == second
+    for mid in others:
+        rounds.in_flight[mid].units[0].sent.feedback_before["residual"] = torch.full((3,), float(len(mid)))
+    assert fail(b) is True and rounds.completed_generation == 1  # chunk 1 complete, chunk 2's sends in flight
+    before = rounds.residuals_before_send()
+    assert set(before) == set(others) and all(float(before[m][0]) == len(m) for m in others)
+    exchange.calls.clear()
+    assert rounds.send(groups, only=[b]) == [b] and rounds.generation == 2  # once settled, on its own
+    [(_, mid, round_, tokens)] = exchange.calls
+    assert (mid, round_, tokens) == (b, 0, first + second)  # both chunks' steps: the failed round's and the carried
+    assert [fail(m) for m in others] == [False] * len(others) and fail(b) is True
+    assert rounds.completed_generation == 2
