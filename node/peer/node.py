@@ -276,6 +276,7 @@ class Node:
             last = bool(self.cfg.max_rounds) and rounds_sent + 1 >= self.cfg.max_rounds
             still_open: list[str] = []
             if self.cfg.sync_rounds:
+                self.rounds.generation_sent()
                 with self.work("settle"):
                     self._poll_timed()  # data-parallel: nobody trains on until the round is done
             else:
@@ -283,6 +284,7 @@ class Node:
                 if late:
                     with self.work("settle"):
                         still_open = self._send_settled(late, None if last else spec.averaging.grace_s)
+                self.rounds.generation_sent()
             if len(still_open) == len(self.worker.module_ids):
                 continue  # nothing went out this time: not a round sent
             rounds_sent += 1
@@ -307,7 +309,7 @@ class Node:
                          else self.spec.averaging.grace_s + self.spec.averaging.timeout_s + 5)
         waiting = list(waiting)
         while waiting and not self.stop_event.is_set() and time.monotonic() < deadline:
-            self._poll(block=True, timeout_s=min(STOP_POLL_S, max(0.0, deadline - time.monotonic())))
+            self._poll(block=True, timeout_s=min(STOP_POLL_S, max(0.0, deadline - time.monotonic())), abandon=False)
             ready = [mid for mid in waiting if mid not in self.rounds.in_flight]
             if ready and not self.stop_event.is_set():
                 self.partial.on_send()

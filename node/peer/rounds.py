@@ -74,6 +74,7 @@ class Rounds:
         self.generation = 0  # chunks of inner steps whose outer gradients were sent (`send`)
         self.completed_generation = 0  # the last generation every module of which settled (`poll`)
         self.flight_generation: dict[str, int] = {}  # module in flight → the generation it was sent in
+        self.sending = False  # the current generation has late modules still to send (`generation_sent`)
         self.abandoned = False  # a round's fate is unknown: its steps may or may not be in the swarm's anchor
         # module → state round → our tokens merged in the round that made it (a healed split takes them back)
         self.merged_log: dict[str, dict[int, int]] = {}
@@ -96,6 +97,8 @@ class Rounds:
         self.holders = groups.holders  # the audit's group size counts these, not the size a reducer reports
         if only is None:
             self.generation += 1
+            # with a module's last round still open, this generation waits for it to go out (`generation_sent`)
+            self.sending = any(mid in self.in_flight for mid in self.worker.module_ids)
         tokens = self.worker.round_tokens
         timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
         audits_by = time.monotonic() + self.spec.averaging.grace_s  # our pending audits hold the send this long
@@ -126,6 +129,11 @@ class Rounds:
             out.append(mid)
         self.worker.end_round()
         return out
+
+    def generation_sent(self) -> None:
+        """The node sent every module of this chunk it will send (the late ones as they settled): the generation
+        can complete once they settle."""
+        self.sending = False
 
     def residuals_before_send(self) -> dict[str, torch.Tensor | None]:
         """Module → its error-feedback residual before the outer gradient in flight was encoded, for the modules with
@@ -163,7 +171,9 @@ class Rounds:
                     self.abandoned = True
         # The generations every module of which has settled: with a module sent late (its round before was still
         # open at the chunk's end), the next generation's sends are in flight when the older one completes.
-        done = min((self.flight_generation[m] for m in self.in_flight), default=self.generation + 1) - 1
+        # A generation still sending is not complete, even with nothing of it in flight yet: its late modules may
+        # settle and go out in the same poll that settles the rest of it.
+        done = min([self.flight_generation[m] for m in self.in_flight] + [self.generation + 1 - self.sending]) - 1
         complete = done > self.completed_generation and self.settled_any
         if complete:
             self.settled_any = False
