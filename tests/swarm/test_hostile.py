@@ -128,6 +128,7 @@ def assert_learned_as_clean(st: dict[str, dict], clean: dict[str, float]) -> Non
         assert final_train_loss(s) <= (1 + LOSS_TOLERANCE) * clean[n], (n, final_train_loss(s), clean)
 
 
+@pytest.mark.slow  # ~24 s: in `make test-slow` (CI runs it after the default suite, which was at 10:28 of 10 min)
 def test_a_peer_claiming_a_later_round_cannot_replace_a_modules_state(tmp_path, clean_loss):
     """The hostile peer serves a forged `shared` 50 rounds ahead, announces it, and sends the victim contributions
     claiming that round; meanwhile a node joins (it used to take the newest announced state: the forged one)."""

@@ -89,6 +89,7 @@ def test_join_by_id_trains_and_status_matches_the_nodes(spec, tmp_path, home):
     assert ok and compared > 0
 
 
+@pytest.mark.slow  # ~19 s: in `make test-slow` (CI runs it after the default suite, which was at 10:28 of 10 min)
 def test_join_refuses_a_wrong_id_and_needs_a_peer(spec, tmp_path, home):
     spec_path = tmp_path / "swarm.toml"
     spec_path.write_text(spec.to_toml())

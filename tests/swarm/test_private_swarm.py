@@ -199,6 +199,7 @@ def test_outsiders_cannot_write_join_or_download_and_members_train_on(private, t
     assert ok and compared > 0
 
 
+@pytest.mark.slow  # ~23 s: in `make test-slow` (CI runs it after the default suite, which was at 10:28 of 10 min)
 def test_the_cli_refuses_missing_wrong_or_expired_membership(private, tmp_path):
     spec, spec_path, owner = private
     a_id, b_id = tmp_path / "a.key", tmp_path / "b.key"
