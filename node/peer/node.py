@@ -252,12 +252,14 @@ class Node:
                     self.rounds.catch_up = False
                     break
             self.status.chunk_trained(losses, chunk_tokens, time.perf_counter() - t0, first_round)
-            # A module's round r-1 must settle before its round r is sent. It normally settled while we trained.
-            # Sync mode waits for every module's, as data-parallel training does. Decoupled, the modules whose round
-            # settled go out now, each on its own: waiting for the others first let two holders each late in another
-            # module hold each other's rounds to their grace windows for good (benchmarks/restarts.py --kill
-            # replying: a restarted holder merged none of its rounds of `shared` for 36 rounds), and the others follow
-            # as their rounds settle (`_send_settled`).
+            # A module's round r-1 must settle before its round r is sent. It normally settled while we trained; if
+            # not, a decoupled node stands still for the grace window at most, then trains on, and the steps of a
+            # module whose round is still open carry (sync mode waits for every module, as data-parallel training
+            # does). A module we were late to last time goes out at once, without waiting for the others: waiting
+            # let two holders each late in another module hold each other's rounds to their grace windows for good
+            # (benchmarks/restarts.py --kill replying: a restarted holder merged none of its rounds of `shared` for
+            # 36 rounds). Sending every module as soon as its round settled did that too, but members then reached
+            # slices' reducers still settling the round before, more often (tests/swarm/test_home_links.py).
             with self.work("settle"):
                 if self.cfg.sync_rounds:
                     self._poll_timed()
@@ -272,7 +274,11 @@ class Node:
                 self.seat.refresh_for_send(None if self.cfg.sync_rounds else CLAIMS_READ_S)
             with self.work("send"):
                 self.partial.on_send()
-                sent = self.rounds.send(self.seat.groups)
+                open_ = set(self.rounds.in_flight)
+                # With every round settled, all modules go out together. With some still open, only the modules we
+                # were late to go out now; the others wait for them as before (sent together once they settle).
+                early = [mid for mid in self.rounds.late_modules if mid not in open_] if open_ else None
+                sent = self.rounds.send(self.seat.groups, only=early, new_generation=True)
             last = bool(self.cfg.max_rounds) and rounds_sent + 1 >= self.cfg.max_rounds
             still_open: list[str] = []
             if self.cfg.sync_rounds:
@@ -280,10 +286,11 @@ class Node:
                 with self.work("settle"):
                     self._poll_timed()  # data-parallel: nobody trains on until the round is done
             else:
-                late = [mid for mid in self.worker.module_ids if mid not in sent and mid in self.rounds.in_flight]
-                if late:
+                rest = [mid for mid in self.worker.module_ids
+                        if mid not in sent and not self.rounds.resyncs.pending(mid)]
+                if rest:
                     with self.work("settle"):
-                        still_open = self._send_settled(late, None if last else spec.averaging.grace_s)
+                        still_open = self._send_settled(rest, None if last else spec.averaging.grace_s)
                 self.rounds.generation_sent()
             if len(still_open) == len(self.worker.module_ids):
                 continue  # nothing went out this time: not a round sent
@@ -301,20 +308,21 @@ class Node:
                 logger.warning("round of %s still open at shutdown; abandoned", mid)
 
     def _send_settled(self, waiting: list[str], timeout_s: float | None) -> list[str]:
-        """Decoupled: send each module of `waiting` (its last round was still open when the others went out) as soon
-        as that round settles, standing still `timeout_s` at most (None: the round's own timeout, for the last
-        round of a run); those still open then train on, and their steps go with their next send. Returns them."""
+        """Decoupled: send the modules of `waiting` (not sent with the chunk's first send) together once every round
+        still open has settled, standing still `timeout_s` at most (None: the round's own timeout, for the last round
+        of a run); then those whose round settled go out, the others train on, their steps going with their next
+        send. Returns those."""
         t0 = time.monotonic()
         deadline = t0 + (timeout_s if timeout_s is not None
                          else self.spec.averaging.grace_s + self.spec.averaging.timeout_s + 5)
-        waiting = list(waiting)
-        while waiting and not self.stop_event.is_set() and time.monotonic() < deadline:
+        while self.rounds.in_flight.keys() & set(waiting) and not self.stop_event.is_set() \
+                and time.monotonic() < deadline:
             self._poll(block=True, timeout_s=min(STOP_POLL_S, max(0.0, deadline - time.monotonic())), abandon=False)
-            ready = [mid for mid in waiting if mid not in self.rounds.in_flight]
-            if ready and not self.stop_event.is_set():
-                self.partial.on_send()
-                self.rounds.send(self.seat.groups, only=ready)
-                waiting = [mid for mid in waiting if mid not in ready]
+        ready = [mid for mid in waiting if mid not in self.rounds.in_flight]
+        if ready and not self.stop_event.is_set():
+            self.partial.on_send()
+            self.rounds.send(self.seat.groups, only=ready)
+        waiting = [mid for mid in waiting if mid not in ready]
         self.status.waited(time.monotonic() - t0)
         if waiting:
             logger.info("round of %s still open after %.0f s: training on", ", ".join(waiting),

@@ -75,6 +75,7 @@ class Rounds:
         self.completed_generation = 0  # the last generation every module of which settled (`poll`)
         self.flight_generation: dict[str, int] = {}  # module in flight → the generation it was sent in
         self.sending = False  # the current generation has late modules still to send (`generation_sent`)
+        self.late_modules: set[str] = set()  # modules whose last applied round came late for us
         self.abandoned = False  # a round's fate is unknown: its steps may or may not be in the swarm's anchor
         # module → state round → our tokens merged in the round that made it (a healed split takes them back)
         self.merged_log: dict[str, dict[int, int]] = {}
@@ -84,21 +85,22 @@ class Rounds:
         self.auditor = Auditor(cfg, status, exchange, net)  # checks other reducers' means (docs/SECURITY.md)
         self.applied = AppliedLog()  # the means we applied lately: a liar's rounds are undone once it is proven one
 
-    def send(self, groups: Groups, only: Collection[str] | None = None) -> list[str]:
+    def send(self, groups: Groups, only: Collection[str] | None = None,
+             new_generation: bool | None = None) -> list[str]:
         """Every module's outer gradient to its reducers (`only`: those modules'); the rounds run in the background.
         Who reduces follows from the last round's result (the module state's `reducers`), else, before any, from the
         claims. A module's round is cut into slices when the spec allows it and the list names enough members
         (protocol/rounds/slices.py): one contribution per slice, each to its own rotation of the list.
 
         A module whose previous round is still in flight is not sent: its steps carry (the node sends it once that
-        round settles, `send_settled`). Without `only`, the send opens a new generation of rounds (one chunk of
-        inner steps): the node's round is complete once every module sent in a generation has settled (`poll`).
-        Returns the modules sent."""
+        round settles, `Node._send_settled`). Without `only` (or with `new_generation`), the send opens a new
+        generation of rounds (one chunk of inner steps): the node's round is complete once every module sent in a
+        generation has settled (`poll`). Returns the modules sent."""
         self.holders = groups.holders  # the audit's group size counts these, not the size a reducer reports
-        if only is None:
+        if new_generation if new_generation is not None else only is None:
             self.generation += 1
-            # with a module's last round still open, this generation waits for it to go out (`generation_sent`)
-            self.sending = any(mid in self.in_flight for mid in self.worker.module_ids)
+            # with modules still to send, this generation waits for them to go out (`generation_sent`)
+            self.sending = only is not None or any(mid in self.in_flight for mid in self.worker.module_ids)
         tokens = self.worker.round_tokens
         timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
         audits_by = time.monotonic() + self.spec.averaging.grace_s  # our pending audits hold the send this long
@@ -259,6 +261,9 @@ class Rounds:
             late = any(f.result is not None and f.result.status == "late" for f, _ in applied)
             if late:
                 self.catch_up = True
+                self.late_modules.add(mid)
+            else:
+                self.late_modules.discard(mid)
             self.applied.applied(mid, st.round - 1, first.reducer or item.reducer, first.mean_frame,
                                  done.digest_after, parts=applied_parts(applied) if len(item.units) > 1 else ())
             if done.diverged:
