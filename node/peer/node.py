@@ -9,7 +9,8 @@ The round, as straight code in `Node.train_loop`:
      the anchor's change so the progress made meanwhile is kept (decoupled, as in Decoupled DiLoCo);
   4. once every module's round is settled (`Node._round_complete`): atomic checkpoint, module announcements,
      metrics.
-Before sending round r+1 the node waits (bounded) for round r's results: one exchange in flight.
+A module's round r+1 goes out once its round r settled: one exchange in flight per module (a module we were late
+to goes out without waiting for the others' rounds: `train_loop`).
 
 The parts: config.py (options; the status record, `NodeStatus`, whose methods are its only writers), seat.py (our
 path, its claim kept alive, the module groups installed in the exchange), claims.py (the claims on the DHT, who
