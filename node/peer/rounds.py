@@ -285,7 +285,10 @@ class Rounds:
                         logger.info("%s round %d: %s (%s)", flight.unit.id, st.round - 1, flight.result.status,
                                     flight.result.reason if not flight.result.applicable else part.reason)
             self.status.anchor_seen(mid, float(st.anchor.abs().max()))
-            self.status.round_applied(mid, st.round, done.digest_after, first.contributors, late=late,
+            # Counted as a round missed ("late": the round went on without us) also when a slice did not merge our
+            # outer gradient (it was late there, or failed or behind for us while others applied it): our steps carry.
+            self.status.round_applied(mid, st.round, done.digest_after, first.contributors,
+                                      late=late or not done.merged_tokens,
                                       diverged=done.diverged, wire_s=wire_s(item))
             self.publish_local(mid)
             return

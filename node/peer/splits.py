@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -111,18 +111,35 @@ def split_verdict(module: str, my_round: int, my_digest: str, me: str, announced
 
 
 def ahead_alone(my_round: int, my_digest: str, me: str, announced: Iterable[Announced],
-                counted: Collection[str]) -> Vouched | None:
+                counted: Collection[str], merged: Mapping[str, Sequence[str]] | None = None) -> Vouched | None:
     """The older state to go back to when we are a minority ahead (see the module docstring), else None: nobody
     counted vouches for our state, and a strict majority of the counted announcers, two or more (against us alone:
     with one other holder it is a tie, and that one adopts ours instead, by node/peer/vouch.py), vouch for one state
-    of an earlier round that one of them still holds."""
+    of an earlier round that one of them still holds, not counting those whose announcement is stale (`stale`, from
+    `merged`: state round → the contributors of the round that made it, as our status records them)."""
     latest = _latest(announced, me, counted)
     if any(a.states().get(my_round, ("",))[0] == my_digest for a in latest.values()):
         return None
     got = majority_state(announced, me, counted)
     if got is None or got.round >= my_round or not got.peers or len(got.vouchers) < 2:
         return None
+    old = stale(latest, merged or {})
+    fresh = [p for p in got.vouchers if p not in old]
+    if len(fresh) < 2 or 2 * len(fresh) <= len(latest):
+        return None
     return got
+
+
+def stale(latest: Mapping[str, Announced], merged: Mapping[str, Sequence[str]]) -> set[str]:
+    """The announcers whose latest announcement is older than a state they held: we merged a frame of theirs sent
+    from a later state (a round that made state round s merged frames sent from state s - 1). On home links the DHT
+    stores lag the rounds by more than the ahead-alone patience, and 16 nodes' announcements two rounds old sent a
+    node that was with the group back two rounds (tests/swarm/test_home_links.py)."""
+    past: dict[str, int] = {}
+    for state_round, peers in merged.items():
+        for p in peers:
+            past[p] = max(past.get(p, -1), int(state_round) - 1)
+    return {p for p, a in latest.items() if a.round < past.get(p, -1)}
 
 
 class AheadWait:
@@ -223,17 +240,18 @@ class Splits:
                 # out it left one voucher of the older state, a "tie" its other holder did not see (it counts the
                 # claims): both sides kept their states for good (benchmarks/restarts.py --kill replying).
                 claimants = (set(self.holders(mid)) - {me} - set(self.status.distrusted)) | counted
+                merged = dict(self.status.groups.get(mid, {}))  # a copy: the training thread adds rounds
                 self.watch.observe(heal or self._ahead_for(mid, mine.round, digest, me, announced, counted,
-                                                           claimants))
+                                                           claimants, merged))
         except Exception as e:  # advisory: the next round looks again
             logger.warning("could not compare digests with the module's holders: %s", e)
 
     def _ahead_for(self, mid: str, my_round: int, digest: str, me: str, announced: list[Announced],
-                   counted: set[str], claimants: set[str]) -> Heal | None:
-        back = ahead_alone(my_round, digest, me, announced, counted)
+                   counted: set[str], claimants: set[str], merged: dict[str, list[str]]) -> Heal | None:
+        back = ahead_alone(my_round, digest, me, announced, counted, merged)
         patience = None
         if back is None:  # judged by the live claimants too, with more patience (AHEAD_STRANGERS_PATIENCE_GRACES)
-            back = ahead_alone(my_round, digest, me, announced, claimants)
+            back = ahead_alone(my_round, digest, me, announced, claimants, merged)
             patience = AHEAD_STRANGERS_PATIENCE_GRACES * self.sync.spec.averaging.grace_s
         if not self._ahead.due(mid, back, time.monotonic(), patience) or back is None:
             return None

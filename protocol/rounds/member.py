@@ -1,10 +1,11 @@
 """The member's side of a module's round: send our frame to the round's reducer, fail over, check the reply.
 
 Who may reduce comes in the agreed failover order (reducers.py): a candidate that cannot be reached, or refuses,
-passes the round to the next; one that redirects us to an earlier candidate is followed (twice at most). A broken
-connection is tried once more: if the reducer merged our frame and only its reply was lost, it answers from the
-closed round ("merged"). After a proven lie (node/peer/rounds.py `_retry_after_lie`) a candidate that still defers
-to the liar is asked again, backing off, for a grace window at most.
+passes the round to the next, as does one whose state is behind the round (it refuses that round from then on); one
+that redirects us to an earlier candidate is followed (twice at most). A broken connection is tried once more: if
+the reducer merged our frame and only its reply was lost, it answers from the closed round ("merged"). After a proven
+lie (node/peer/rounds.py `_retry_after_lie`) a candidate that still defers to the liar is asked again, backing off,
+for a grace window at most.
 
 The check on replies (docs/SECURITY.md): an honest result lists every contributor's (peer, tokens, frame hash);
 a result without that list, or whose entry for us is not the frame we sent, proves the reducer a liar to us.
@@ -99,6 +100,10 @@ class Member:
                 continue
             if last.status == RoundStatus.FAILED and last.reason.startswith((UNREACHABLE, "refused")):
                 self._skip(reducer)
+                continue
+            if last.status == RoundStatus.BEHIND:
+                # Its state has not reached the round (a slice's reducer still settling the round before, a restarted
+                # node): it will not reduce this round (reducer.py `_compare`), the next candidate may.
                 continue
             return self._checked(last, module, round_, own, sent)
         if last is not None and last.status != RoundStatus.REDIRECT:

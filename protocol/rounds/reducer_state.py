@@ -180,6 +180,14 @@ class ModuleLog:
     """State round the result makes → tokens we merged into it (a healed split takes them back)."""
     activity: Activity = field(default_factory=lambda: Activity())
     """Who is active in the module's rounds: one for all the slices of a module (reducer.py `log`)."""
+    refused: set[int] = field(default_factory=set)
+    """Rounds we answered "behind" (our state had not reached them): we never reduce them afterwards, so the members
+    that fail over to the next candidate and those that would reach us once we caught up apply one version."""
+
+    def refuse(self, round_: int) -> None:
+        self.refused.add(round_)
+        for old in sorted(self.refused)[:-RESULTS_KEPT]:
+            self.refused.discard(old)
 
     def note_claims(self, holders: tuple[str, ...], round_: int) -> None:
         self.activity.note_claims(holders, round_)

@@ -482,6 +482,55 @@ def test_a_round_sent_again_after_a_proven_lie_asks_a_candidate_that_still_defer
     assert 2 <= asks <= 6 and got.status == "redirect"
 
 
+def test_a_round_answered_behind_stays_refused_once_the_reducer_catches_up():
+    """A slice's reducer still settling the round before answers "behind" after its wait; members then fail over to
+    the next candidate. Reducing that round once its own state reached it would make a second version of it (the
+    members that came later would apply ours, those that failed over the next candidate's): it refuses the round
+    from then on, as a member and when a later candidate asks its stance, and takes the next round as usual."""
+    from pathswarm.protocol.rounds.reducers import Stance
+
+    async def go():
+        ex, mine = make_exchange(expected=1)
+        states = {"now": mine}
+        ex.ctx.state_of = lambda m: states["now"]
+        early = await ex.reduce("L0M0", 1, "p0", 10, "ab" * 8, frames(1)[0])  # we are still at round 0
+        at_1 = OuterState(mine.anchor + 0.5, mine.momentum, 1)
+        states["now"] = at_1  # we caught up
+        again = await ex.reduce("L0M0", 1, "p1", 10, at_1.digest(), frames(1)[0])
+        stance = ex.reducer.stance("L0M0", 1, at_1.digest(), "p7")
+        states["now"] = at_2 = OuterState(at_1.anchor + 0.5, at_1.momentum, 2)
+        next_round = await ex.reduce("L0M0", 2, "p1", 10, at_2.digest(), frames(1)[0])
+        far = await ex.reduce("L0M0", 1 << 40, "p9", 10, at_2.digest(), frames(1)[0])
+        return early, again, stance, next_round, far, ex
+
+    early, again, stance, next_round, far, ex = asyncio.run(go())
+    assert early.status == "behind" and again.status == "behind" and not again.mean_frame
+    assert stance == Stance.NOT_HERE
+    assert next_round.status == "alone" and next_round.round == 2
+    assert far.status == "behind" and ex.reducer.logs["L0M0"].refused == {1}  # a far round is not kept
+
+
+def test_a_member_answered_behind_fails_over_to_the_next_candidate():
+    from pathswarm.protocol.rounds.messages import RoundReply as RoundResult
+
+    async def go():
+        ex, mine = make_exchange(expected=1)
+        asked = []
+
+        async def contribute_to(reducer, module, round_, tokens, digest, frame, timeout_s):
+            asked.append(reducer)
+            if reducer == "a":
+                return RoundResult(module, round_, "behind", reason="reducer is at round 0")
+            return RoundResult(module, round_, "failed", reason="test: reached")
+
+        ex.member._contribute_to = contribute_to
+        got = await ex.contribute(["a", "b", "c"], "L0M0", 1, 10, mine.digest(), frames(1)[0], 30.0)
+        return got, asked
+
+    got, asked = asyncio.run(go())
+    assert asked == ["a", "b"] and got.reason == "test: reached"
+
+
 def slow_exchange(seconds: float, quorum: int = 1):
     """An offline exchange whose round rule takes `seconds` on its thread (a real sleep), and an event set when a close
     begins: what a 25 M-value merge looks like to the loop."""

@@ -118,6 +118,15 @@ def test_a_minority_ahead_goes_back_to_the_majoritys_older_state():
     assert ahead_alone(5, "b5", "b", others, {"a", "c"}) is None
     # uncounted ids decide nothing
     assert ahead_alone(6, "b6", "b", [A("x", 5, "f5"), A("y", 5, "f5")], {"a", "c"}) is None
+    # we merged a and c's frames of round 5 in the round that made our state 6 (they held state 5, as announced):
+    # still ahead alone. Had we merged their frames sent from state 6 (recorded under state round 7), their
+    # announcements of state 5 are stale (a lagging DHT), and we are not alone.
+    assert ahead_alone(6, "b6", "b", others, {"a", "c"}, {"6": ["a", "b", "c"]}) == back
+    assert ahead_alone(7, "b7", "b", others, {"a", "c"}, {"6": ["a", "b", "c"], "7": ["a", "b", "c"]}) is None
+    three = [*others, A("d", 5, "d5", "l5")]
+    # one of three stale: two fresh vouchers of three announcers are still a majority; two stale: not
+    assert ahead_alone(7, "b7", "b", three, {"a", "c", "d"}, {"7": ["b", "c"]}).digest == "d5"
+    assert ahead_alone(7, "b7", "b", three, {"a", "c", "d"}, {"7": ["a", "b", "c"]}) is None
 
 
 def test_a_node_ahead_alone_goes_back_after_the_patience_though_it_reduces_a_round_alone_every_2_s():
