@@ -27,11 +27,6 @@ def absent_rounds(st: dict[str, dict]) -> dict[tuple[str, str], int]:
             for name, s in st.items() for mid, rounds in groups.items()}
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known defect (issue 29, closing note of 2026-12-06): a member's frame for a slice can reach that slice's "
-    "reducer while it still settles the round before; answered 'behind', the member applies the other slices only, "
-    "a split the watch heals, and its frame is in no round, counted neither late nor failed. Failed 6 runs in 6 on "
-    "this machine that day, the code before that session's changes included; passed in CI the stop before."))
 def test_sixteen_nodes_on_home_links_keep_identical_replicas_and_every_round(tmp_path):
     why = unavailable()
     if why:
