@@ -171,6 +171,8 @@ class Reducer:
             # reducer still settling the round before: tests/swarm/test_home_links.py).
             if round_ <= mine.round + 2:  # a far later round is no frame of the group's (no bound on its number)
                 self.log(module).refuse(round_)
+            if mine.round >= round_:  # caught up since: no hint that we are behind
+                return failed(module, round_, "reducer was behind this round and refuses it", RoundStatus.BEHIND)
             self.behind[module_of_unit(module)] = sender
             return failed(module, round_, f"reducer is at round {mine.round}", RoundStatus.BEHIND)
         if digest != mine.digest():

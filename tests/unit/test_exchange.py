@@ -505,6 +505,7 @@ def test_a_round_answered_behind_stays_refused_once_the_reducer_catches_up():
 
     early, again, stance, next_round, far, ex = asyncio.run(go())
     assert early.status == "behind" and again.status == "behind" and not again.mean_frame
+    assert again.reason == "reducer was behind this round and refuses it"
     assert stance == Stance.NOT_HERE
     assert next_round.status == "alone" and next_round.round == 2
     assert far.status == "behind" and ex.reducer.logs["L0M0"].refused == {1}  # a far round is not kept
