@@ -259,8 +259,8 @@ class Node:
             # does). A module we were late to last time goes out at once, without waiting for the others: waiting
             # let two holders each late in another module hold each other's rounds to their grace windows for good
             # (benchmarks/restarts.py --kill replying: a restarted holder merged none of its rounds of `shared` for
-            # 36 rounds). Sending every module as soon as its round settled did that too, but members then met
-            # slices' reducers still settling the round before (twice in tests/swarm/test_home_links.py).
+            # 36 rounds). Sending every module as soon as its round settled avoided that too, but met slices'
+            # reducers still settling the round before more often (twice in tests/swarm/test_home_links.py).
             with self.work("settle"):
                 if self.cfg.sync_rounds:
                     self._poll_timed()

@@ -130,6 +130,8 @@ class Reducer:
                               RoundStatus.OUT_OF_SYNC)
             # A contributor asking again lost our reply: its outer gradient is in the mean ("merged", not "late").
             return answer(result, sender, self.store)
+        if (refusal := self._refused(module, round_)) is not None:  # known already: no wait for our state
+            return refusal
         mine = await self._wait_for_state(module, round_)
         if (refusal := self._compare(module, round_, sender, digest, mine)) is not None:
             return refusal
@@ -157,6 +159,11 @@ class Reducer:
             return opened.result
         return answer(opened.result, sender, self.store)
 
+    def _refused(self, module: str, round_: int) -> RoundReply | None:
+        if round_ in self.log(module).refused:
+            return failed(module, round_, "reducer was behind this round and refuses it", RoundStatus.BEHIND)
+        return None
+
     def _compare(self, module: str, round_: int, sender: str, digest: str,
                  mine: OuterState | None) -> RoundReply | None:
         """Why the contribution cannot enter our round (None when it can): we lack the module, or our state is
@@ -165,16 +172,17 @@ class Reducer:
             return failed(module, round_, "reducer does not hold this module")
         if mine.round > round_:
             return failed(module, round_, f"the group is at round {mine.round}", RoundStatus.OUT_OF_SYNC)
-        if mine.round < round_ or round_ in self.log(module).refused:
-            # Once answered "behind", a round stays refused here: its members fail over to the next candidate
-            # (member.py), and reducing it once our state caught up would make a second version of it (a slice's
-            # reducer still settling the round before: tests/swarm/test_home_links.py).
+        log = self.log(module)
+        if mine.round < round_:
+            # Once answered "behind", a round stays refused here (`_refused`): its members fail over to the next
+            # candidate (member.py), and reducing it once our state caught up would make a second version of it (a
+            # slice's reducer still settling the round before: tests/swarm/test_home_links.py).
             if round_ <= mine.round + 2:  # a far later round is no frame of the group's (no bound on its number)
-                self.log(module).refuse(round_)
-            if mine.round >= round_:  # caught up since: no hint that we are behind
-                return failed(module, round_, "reducer was behind this round and refuses it", RoundStatus.BEHIND)
+                log.refuse(round_)
             self.behind[module_of_unit(module)] = sender
             return failed(module, round_, f"reducer is at round {mine.round}", RoundStatus.BEHIND)
+        if (refusal := self._refused(module, round_)) is not None:  # caught up while this frame waited
+            return refusal
         if digest != mine.digest():
             return failed(module, round_, "state before the round differs", RoundStatus.OUT_OF_SYNC)
         return None
