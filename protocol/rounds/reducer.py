@@ -160,9 +160,12 @@ class Reducer:
         return answer(opened.result, sender, self.store)
 
     def _refused(self, module: str, round_: int) -> RoundReply | None:
-        if round_ in self.log(module).refused:
+        if self._refuses(self.log(module), round_):
             return failed(module, round_, "reducer was behind this round and refuses it", RoundStatus.BEHIND)
         return None
+
+    def _refuses(self, log: ModuleLog, round_: int) -> bool:
+        return log.refuses(round_, self.ctx.clock.now(), self.ctx.spec.averaging.timeout_s)
 
     def _compare(self, module: str, round_: int, sender: str, digest: str,
                  mine: OuterState | None) -> RoundReply | None:
@@ -174,11 +177,11 @@ class Reducer:
             return failed(module, round_, f"the group is at round {mine.round}", RoundStatus.OUT_OF_SYNC)
         log = self.log(module)
         if mine.round < round_:
-            # Once answered "behind", a round stays refused here (`_refused`): its members fail over to the next
-            # candidate (member.py), and reducing it once our state caught up would make a second version of it (a
-            # slice's reducer still settling the round before: tests/swarm/test_home_links.py).
+            # Once answered "behind", a round stays refused here for a round's timeout (`_refused`): its members
+            # fail over to the next candidate (member.py), and reducing it once our state caught up would make a
+            # second version of it (a slice's reducer still settling the round before: tests/swarm/test_home_links.py).
             if round_ <= mine.round + 2:  # a far later round is no frame of the group's (no bound on its number)
-                log.refuse(round_)
+                log.refuse(round_, self.ctx.clock.now())
             self.behind[module_of_unit(module)] = sender
             return failed(module, round_, f"reducer is at round {mine.round}", RoundStatus.BEHIND)
         if (refusal := self._refused(module, round_)) is not None:  # caught up while this frame waited
@@ -248,7 +251,7 @@ class Reducer:
             return Stance.CLOSED
         if log is not None and round_ in log.open:
             return Stance.OPEN
-        if log is not None and round_ in log.refused:
+        if log is not None and self._refuses(log, round_):
             return Stance.NOT_HERE  # we answered its members "behind": they go on to the asker
         mine = self.effective_state(module) if log is not None else None
         if mine is None or mine.round < round_ or mine.round == round_ and mine.digest() != digest:

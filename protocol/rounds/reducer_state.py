@@ -180,14 +180,25 @@ class ModuleLog:
     """State round the result makes → tokens we merged into it (a healed split takes them back)."""
     activity: Activity = field(default_factory=lambda: Activity())
     """Who is active in the module's rounds: one for all the slices of a module (reducer.py `log`)."""
-    refused: set[int] = field(default_factory=set)
-    """Rounds we answered "behind" (our state had not reached them): we never reduce them afterwards, so the members
-    that fail over to the next candidate and those that would reach us once we caught up apply one version."""
+    refused: dict[int, float] = field(default_factory=dict)
+    """Round → when we answered it "behind" (our state had not reached it): we do not reduce it for a round's timeout
+    afterwards, so the members that fail over to the next candidate and those that would reach us once we caught up
+    apply one version. Not for good: when every candidate was behind once, each refuses, and the round would have
+    no reducer at all (tests/swarm/test_split_heals.py stalled so); after the timeout, whoever took it elsewhere is
+    past it, and its members with them."""
 
-    def refuse(self, round_: int) -> None:
-        self.refused.add(round_)
+    def refuse(self, round_: int, now: float) -> None:
+        self.refused.setdefault(round_, now)
         for old in sorted(self.refused)[:-RESULTS_KEPT]:
-            self.refused.discard(old)
+            del self.refused[old]
+
+    def refuses(self, round_: int, now: float, hold_s: float) -> bool:
+        """Whether the round is still refused here: answered "behind" less than hold_s ago."""
+        since = self.refused.get(round_)
+        if since is not None and now - since >= hold_s:
+            del self.refused[round_]
+            return False
+        return since is not None
 
     def note_claims(self, holders: tuple[str, ...], round_: int) -> None:
         self.activity.note_claims(holders, round_)

@@ -508,7 +508,34 @@ def test_a_round_answered_behind_stays_refused_once_the_reducer_catches_up():
     assert again.reason == "reducer was behind this round and refuses it"
     assert stance == Stance.NOT_HERE
     assert next_round.status == "alone" and next_round.round == 2
-    assert far.status == "behind" and ex.reducer.logs["L0M0"].refused == {1}  # a far round is not kept
+    assert far.status == "behind" and set(ex.reducer.logs["L0M0"].refused) == {1}  # a far round is not kept
+
+
+@pytest.mark.timeout(10)
+def test_a_refused_round_is_reduced_after_a_rounds_timeout_when_no_other_candidate_took_it():
+    """Every candidate may have been behind a round once (a split's holders going back and forth: they refused it in
+    turn); refused for good, the round would have no reducer and the module stall (tests/swarm/test_split_heals.py
+    did). The refusal holds for the spec's round timeout, then the round is reduced as usual."""
+    spec = SwarmSpec(averaging=AveragingSpec(min_group=64, grace_s=0.5, timeout_s=20.0))
+
+    async def go():
+        clock = ManualClock()
+        mine, ex = clocked_exchange(spec, clock)
+        ex.set_groups({**ex.ctx.groups.expected, "L0M0": 1})
+        states = {"now": mine}
+        ex.ctx.state_of = lambda m: states["now"]
+        early = await ex.reduce("L0M0", 1, "p0", 10, "ab" * 8, frames(1)[0])  # we are still at round 0
+        states["now"] = at_1 = OuterState(mine.anchor + 0.5, mine.momentum, 1)
+        await clock.advance(19.9)
+        within = await ex.reduce("L0M0", 1, "p1", 10, at_1.digest(), frames(1)[0])
+        await clock.advance(0.1)
+        after = await asyncio.wait_for(ex.reduce("L0M0", 1, "p1", 10, at_1.digest(), frames(1)[0]), 5)
+        return early, within, after, ex
+
+    early, within, after, ex = asyncio.run(go())
+    assert early.status == "behind" and within.status == "behind" and not within.mean_frame
+    assert after.status == "alone" and after.round == 1 and after.mean_frame and after.contributors == ("p1",)
+    assert not ex.reducer.logs["L0M0"].refused
 
 
 def test_a_member_answered_behind_fails_over_to_the_next_candidate():
