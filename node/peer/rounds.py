@@ -45,7 +45,7 @@ from pathswarm.protocol.rounds.rule import (
     reference_norm,
     suspicious,
 )
-from pathswarm.protocol.rounds.slices import slice_count, units_of, view
+from pathswarm.protocol.rounds.slices import agreed_list, slice_count, units_of, view
 
 logger = logging.getLogger(__name__)
 
@@ -113,15 +113,14 @@ class Rounds:
             self.auditor.before_send(mid, audits_by)
             self._undo_lies(mid)
             st = self.worker.outer[mid]
-            units = units_of(mid, st.anchor.numel(),
-                             slice_count(st.anchor.numel(), st.reducers, self.spec.averaging.slices))
+            units = units_of(mid, st.anchor.numel(), slice_count(st.anchor.numel(), st.reducers or groups.genesis[mid],
+                                                                 self.spec.averaging.slices))
             parts = make_slice_contributions(st, self.worker.flat(mid), self.worker.feedback[mid], self.spec.codec,
                                              tokens + self.carry.pop(mid, 0), units, feedback_decay(self.spec))
             flights = []
             for unit, sent in zip(units, parts, strict=True):
-                agreed = view(st, unit).reducers
-                order = candidates(agreed or groups.genesis[mid], groups.reducible.get(mid, groups.holders[mid]),
-                                   self.exchange.skipped())
+                order = candidates(agreed_list(view(st, unit), unit.id, groups.genesis),
+                                   groups.reducible.get(mid, groups.holders[mid]), self.exchange.skipped())
                 flight = UnitFlight(unit, Future(), sent, order[0], tuple(order))
                 flight.future = self.net.submit(flight.timed(self.exchange.contribute(
                     order, unit.id, sent.round, sent.tokens, sent.digest_before, sent.frame, timeout)))

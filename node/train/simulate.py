@@ -273,7 +273,9 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
     t_round = time.perf_counter()
     first = holders[0].outer[mid]
     numel = first.anchor.numel()
-    units = units_of(mid, numel, slice_count(numel, first.reducers, spec.averaging.slices))
+    # before any result names a list (round 0): the holders, sorted, as a node's genesis list (slices.py `agreed_list`)
+    units = units_of(mid, numel, slice_count(numel, first.reducers or tuple(sorted(w.name for w in holders)),
+                                             spec.averaging.slices))
     sent, tokens = {}, {}
     for w in holders:
         tokens[w.name] = w.round_tokens + carry.pop((w.name, mid), 0)

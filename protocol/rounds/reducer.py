@@ -40,7 +40,7 @@ from pathswarm.protocol.rounds.reducer_state import (
 )
 from pathswarm.protocol.rounds.reducers import Stance, next_candidates
 from pathswarm.protocol.rounds.rule import ClosedRound
-from pathswarm.protocol.rounds.slices import UnitNumels, module_of_unit, rotated
+from pathswarm.protocol.rounds.slices import UnitNumels, agreed_list, module_of_unit, rotated
 from pathswarm.protocol.rounds.stance import Stances
 
 logger = logging.getLogger(__name__)
@@ -258,7 +258,7 @@ class Reducer:
             return Stance.NOT_HERE
         if mine.round > round_:
             return Stance.AHEAD
-        agreed = mine.reducers or self.ctx.groups.genesis.get(module_of_unit(module), ())
+        agreed = agreed_list(mine, module, self.ctx.groups.genesis)
         me = self.ctx.peer_id
         if asker in agreed and me in agreed and agreed.index(asker) < agreed.index(me):
             return Stance.NOT_HERE  # a restarted head asking whether anyone took its round: we have not

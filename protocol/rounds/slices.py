@@ -51,7 +51,8 @@ class Unit:
 def slice_count(numel: int, agreed: tuple[str, ...], cap: int) -> int:
     """How many slices a module's round has: the spec's cap, at most one per candidate of the agreed list (the last
     round's members: every one of them reduces a slice) and one per SLICE_ALIGN values. Every member that holds the
-    same state holds the same list, so all count the same K; before any list (round 0) it is 1."""
+    same state holds the same list, so all count the same K. Before any result names a list (round 0) the caller
+    passes the holders in the claims (reducers.py rule 5, `agreed_list`)."""
     if cap <= 1 or len(agreed) <= 1:
         return 1
     return max(1, min(cap, len(agreed), numel // SLICE_ALIGN))
@@ -102,6 +103,25 @@ def rotated(agreed: tuple[str, ...], round_: int, j: int) -> tuple[str, ...]:
         return agreed
     start = (round_ + j) % len(agreed)
     return agreed[start:] + agreed[:start]
+
+
+def slice_index(uid: str) -> int:
+    """j of a slice's unit id (0 for a whole module's)."""
+    _, bracket, rest = uid.partition("[")
+    return int(rest.partition(UNIT_SEP)[0]) if bracket else 0
+
+
+def agreed_list(mine: OuterState, uid: str, genesis: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The failover order of a unit's round: the one its state names (`view`), or before any result named one (round
+    0) the module's holders in the claims (reducers.py rule 5, `genesis`), rotated for slice j as a named list is.
+    Round 0 is then cut into slices too, each with its own first reducer: with one reducer for the whole round 0 it
+    sent every member the mean and served every member's check of it alone (issue 29: the slowest round on home
+    links). A member, the slice's reducer and a candidate asked its stance all derive the same order from it."""
+    if mine.reducers:
+        return mine.reducers
+    listed = tuple(genesis.get(module_of_unit(uid), ()))
+    j = slice_index(uid)
+    return rotated(listed, mine.round, j) if UNIT_SEP in uid else listed
 
 
 def view(state: OuterState, unit: Unit) -> OuterState:

@@ -15,7 +15,7 @@ from pathswarm.protocol.rounds.context import Context
 from pathswarm.protocol.rounds.messages import StanceReply, StanceRequest
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducers import RIVAL, Stance, earlier
-from pathswarm.protocol.rounds.slices import module_of_unit
+from pathswarm.protocol.rounds.slices import agreed_list, module_of_unit
 from pathswarm.protocol.rounds.trust import STANCE_TIMEOUT_S
 from pathswarm.protocol.wire import read_message, write_message
 
@@ -45,7 +45,7 @@ class Stances:
         if ctx.streams is None:
             return []  # offline
         whole = module_of_unit(module)  # a slice's (slices.py): its module's
-        agreed = mine.reducers or ctx.groups.genesis.get(whole, ())  # before any result: the holders in the claims
+        agreed = agreed_list(mine, module, ctx.groups.genesis)  # before any result: the holders in the claims
         return must_ask(agreed, ctx.peer_id, whole in ctx.fresh, ctx.trust.shunned)
 
     async def rival(self, module: str, round_: int, mine: OuterState) -> tuple[str, Stance] | None:

@@ -65,10 +65,11 @@ def _check(st: dict[str, dict], rounds: int) -> None:
 def test_four_nodes_reduce_their_rounds_in_slices_with_identical_replicas(tmp_path):
     st = _run(tmp_path, 4, 4, slices=4)
     _check(st, 4)
-    # the busiest node's traffic stays near the others' (round 0 has one reducer, and the first checked rounds
-    # download the frames: a loose bound here; benchmarks/scale.py measures the steady state)
+    # the busiest node's traffic stays near the others', round 0 included: it is cut into slices by the holders in
+    # the claims (slices.py `agreed_list`). Busiest ÷ median sent, measured: 1.24 with round 0 reduced by one node,
+    # 1.00-1.02 (4 runs) once sliced; benchmarks/scale.py measures the steady state.
     sent = [s["bytes_sent"] for s in st.values()]
-    assert max(sent) <= 2.5 * statistics.median(sent), sent
+    assert max(sent) <= 1.12 * statistics.median(sent), sent
 
 
 @pytest.mark.slow  # 8 processes: with the slow ones (`make test-slow`, in CI after the default suite)

@@ -859,3 +859,28 @@ def test_a_member_a_whole_round_late_earns_a_wait_as_long_as_its_lateness():
     assert asyncio.run(go(12.0)) == 10 + 17  # its grace window, then 12 + 5 s more
     assert asyncio.run(go(1.0)) == 10 + 6  # a second late: 6 s more (it was a grace window before: 10)
     assert asyncio.run(go(LATE_GRACES * 10.0 + 1)) == 10  # later than LATE_GRACES windows: nothing
+
+
+def test_at_round_0_a_holder_asked_by_a_slices_first_reducer_does_not_take_that_slice():
+    """Round 0 in slices follows the genesis list rotated per slice (slices.py `agreed_list`). A holder earlier in the
+    unrotated list, asked by slice 1's first candidate, must answer that it does not hold the round; taking it, it
+    would reduce every slice itself (round 0 with one reducer again)."""
+    import dataclasses
+
+    from pathswarm.protocol.rounds.reducers import Stance
+    from pathswarm.protocol.rounds.slices import SLICE_ALIGN
+
+    numel = 3 * SLICE_ALIGN
+    spec = SPEC.replace(averaging=dataclasses.replace(SPEC.averaging, slices=3))
+    mine = OuterState.fresh(torch.linspace(-1, 1, numel))
+    ex = ModuleExchange(spec, None, "reducer", {"L0M0": numel}, lambda m: mine)
+    ex.set_groups({"L0M0": 3}, genesis={"L0M0": ("reducer", "r1", "r2")})
+    async def go():
+        slice_1, slice_0 = ex.ctx.state_of("L0M0[1/3]"), ex.ctx.state_of("L0M0[0/3]")
+        asked_1 = ex.reducer.stance("L0M0[1/3]", 0, slice_1.digest(), "r1")  # r1 heads slice 1
+        asked_0 = ex.reducer.stance("L0M0[0/3]", 0, slice_0.digest(), "r1")  # we head slice 0: open here
+        return slice_1, asked_1, asked_0
+
+    slice_1, asked_1, asked_0 = asyncio.run(go())
+    assert slice_1.round == 0 and asked_1 == Stance.NOT_HERE and asked_0 == Stance.OPEN
+    assert 0 not in ex.reducer.log("L0M0[1/3]").open and 0 in ex.reducer.log("L0M0[0/3]").open

@@ -314,3 +314,27 @@ def test_a_module_whose_round_is_still_open_carries_and_goes_out_once_it_settles
     assert [fail(m) for m in others] == [False] * len(others) and fail(b) is False  # chunk 2 still sending
     rounds.generation_sent()
     assert rounds.poll(block=False) is True and rounds.completed_generation == 2
+
+
+def test_round_0_is_cut_into_slices_by_the_holders_in_the_claims_each_with_its_own_first_reducer(synthetic_docs):
+    """Before any result names a list (round 0), the slices follow the genesis list (the holders in the claims), rotated
+    per slice as a named list is: K slices with K different first candidates. With round 0 reduced by one node, that
+    node sent every member the mean and served every member's check alone: the slowest round on home links."""
+    import dataclasses
+
+    from ..conftest import tiny_spec
+
+    spec = tiny_spec(width=64, base_width=64)
+    spec = spec.replace(averaging=dataclasses.replace(spec.averaging, slices=4))
+    rounds, worker, exchange, _ = _rounds(spec, synthetic_docs)
+    mid = "L0M0"
+    assert worker.outer[mid].round == 0 and not worker.outer[mid].reducers
+    genesis = ("me", "r1", "r2")
+    _send(rounds, worker, _groups(worker, genesis))
+    sent = [(order, unit) for order, unit, _, _ in exchange.calls if unit.startswith(mid + "[")]
+    assert [unit for _, unit in sent] == ["L0M0[0/3]", "L0M0[1/3]", "L0M0[2/3]"]
+    assert [order for order, _ in sent] == [["me", "r1", "r2"], ["r1", "r2", "me"], ["r2", "me", "r1"]]
+    # a spec of one slice keeps round 0 whole, its order the genesis list itself
+    rounds, worker, exchange, _ = _rounds(tiny_spec(width=64, base_width=64), synthetic_docs)
+    _send(rounds, worker, _groups(worker, genesis))
+    assert [(order, unit) for order, unit, _, _ in exchange.calls if unit.startswith(mid)] == [(list(genesis), mid)]

@@ -22,6 +22,7 @@ from pathswarm.protocol.rounds.slices import (
     SLICE_ALIGN,
     UnitNumels,
     UnitStates,
+    agreed_list,
     parse_unit,
     rotated,
     slice_bounds,
@@ -254,3 +255,16 @@ def test_the_list_a_slice_result_names_is_its_members_sorted_without_clients():
     assert next_candidates("me", used, clients=("b",), sliced=True) == ("a", "c", "me")  # every slice: the same list
     assert next_candidates("me", ("me",), clients=("me",), sliced=True) == ("me",)  # clients only: still someone
     assert next_candidates("me", ("me",), clients=(), partners=("a", "me")) == ("a", "me")  # alone: the partners
+
+
+def test_round_0_takes_the_genesis_list_rotated_per_slice_and_a_named_list_wins():
+    """Before any result names a list, every member, each slice's reducer and a candidate asked its stance derive one
+    order from the holders in the claims: slice j starts at its j-th holder (round 0), a whole module at the head."""
+    genesis = {"M": ("a", "b", "c")}
+    fresh = OuterState.fresh(torch.zeros(8))
+    assert agreed_list(fresh, "M", genesis) == ("a", "b", "c")
+    assert agreed_list(fresh, "M[0/3]", genesis) == ("a", "b", "c")
+    assert agreed_list(fresh, "M[2/3]", genesis) == ("c", "a", "b")
+    assert agreed_list(fresh, "N[1/2]", genesis) == ()  # a module nobody claims: no candidates
+    named = fresh.with_reducers(("x", "y"))
+    assert agreed_list(named, "M[1/3]", genesis) == ("x", "y")  # the state's list (a slice's view: already rotated)
