@@ -5,7 +5,8 @@ every node holds every module) and on a 2x2 grid (every node holds `shared`, hal
 counted at the transport (protocol/wire.py `Traffic`: every message of the rounds, audits and state downloads
 included, headers too), read from each node's status file the moment it reports each round, so that a run splits
 into its phases:
-- round 0 has no agreed list yet: one reducer in both arms (protocol/rounds/slices.py `slice_count`);
+- round 0 has no agreed list yet: the slices arm cuts it by the holders in the claims (protocol/rounds/slices.py
+  `agreed_list`; before code 715d2bd one reducer in both arms);
 - rounds 1-3 are the reducers' checked rounds (node/peer/audit.py `NEW_REDUCER_AUDITS`): members download the
   frames of every new reducer's round before applying it (`probation` below);
 - round 4 is a transition (STEADY_FROM), the rounds after it the steady state, audited at random at the nodes'

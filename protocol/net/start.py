@@ -173,6 +173,15 @@ def _start(
     membership: str,
 ) -> SwarmNet:
     """hivemind's DHT with our options; hivemind's and p2pd's own exceptions pass through."""
+    # p2pd (go-libp2p 0.32) dials out from its listening port by default (SO_REUSEPORT). Two peers that dial each
+    # other at the same moment then make one TCP connection by simultaneous open, on which both act as the
+    # initiator: the security handshake fails and both dials fail ("all dials failed"), and each retry collides
+    # again. A round in slices makes peers that never spoke dial each other at once (round 0: slice reducers and
+    # members both ways; measured on home links, 16 nodes: two pairs could not reach each other for the whole of
+    # round 0, and the slices they reduced split). Dialing from ephemeral ports, the two dials are two connections,
+    # which libp2p keeps both of. Reuse only helps hole punching through NAT, which we do not use (relays and
+    # AutoNAT are off; clients dial out). The daemons inherit this from the process (the DHT's and ours).
+    os.environ.setdefault("LIBP2P_TCP_REUSEPORT", "false")
     with tempfile.TemporaryDirectory(prefix="pathswarm-id-") as tmp:
         path = identity_path or os.path.join(tmp, "identity.key")
         if not os.path.isfile(path):

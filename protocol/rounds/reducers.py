@@ -16,7 +16,8 @@ The rule:
 4. A process that just started (a restart keeps the identity, or brings a new one) holds a list written
    before it died: at the head of it, it asks the others before reducing, as a later candidate does.
 5. Before any round has closed (round 0) there is no list: the candidates are the holders in the claims,
-   those that have trained first (`genesis_candidates`); a split there is detected and healed from digests.
+   those that have trained first (`genesis_candidates`), a slice's rotated (slices.py `agreed_list`); a split
+   there is detected and healed from digests.
 
 What remains possible: a candidate that is alive but unreachable from the next one (a partition, a frozen
 process) may close the same round as its successor. Those splits are detected from the announced digests.
