@@ -15,6 +15,13 @@ CHAIN_KEPT = 5
 (protocol/records.py MAX_CHAIN)."""
 SPLITS_KEPT = 8
 """Healed splits kept in `NodeStatus.heals` (the metrics publish them: protocol/records.py MAX_SPLITS)."""
+ROUNDS_KEPT = 256
+"""Newest rounds of each module kept in `NodeStatus.groups` and `history`. Unbounded, a volunteer's node running for
+weeks wrote a status file that grew by every round (a 16-holder module: ~1 KB a round) each time it wrote it, and
+every round read the union of all its rounds' peers (state_sync.py, claims.py `partners_of`). A split heal looks back
+a few rounds, replica checks compare the rounds both sides kept, and "peers we merged with" means recently."""
+LOSS_POINTS_KEPT = 4096
+"""Newest rounds kept in `NodeStatus.loss_curve` and `loss_history` (the dashboard shows fewer)."""
 
 
 @dataclass
@@ -109,6 +116,8 @@ class NodeStatus:
     """Mean training loss of the last inner steps of every round."""
     loss_history: list[tuple[int, float]] = field(default_factory=list)
     """(outer round, that loss): published with the node's metrics for `swarm status --plot`."""
+    chunks_trained: int = 0
+    """Chunks of inner steps this run has trained (what numbers `loss_history`, which keeps the newest only)."""
     round_wire_s: dict[str, list[list[float]]] = field(default_factory=dict)
     """module → [round, seconds] for its last applied rounds: seconds from sending our outer gradient to the last
     reply (the round on the wire, which the training loop overlaps with the next inner steps)."""
@@ -196,9 +205,11 @@ class NodeStatus:
     def chunk_trained(self, losses: list[float], tokens: int, elapsed_s: float, first_round: int) -> None:
         """A chunk of inner steps of `tokens` tokens in all ended (the round's outer gradient is sent next)."""
         self.loss = sum(losses[-10:]) / max(1, len(losses[-10:]))
+        self.chunks_trained += 1
         self.loss_curve.append(self.loss)
         # numbered by rounds trained, counted from the round the node started (or resumed) at
-        self.loss_history.append((first_round + len(self.loss_curve), self.loss))
+        self.loss_history.append((first_round + self.chunks_trained, self.loss))
+        del self.loss_curve[:-LOSS_POINTS_KEPT], self.loss_history[:-LOSS_POINTS_KEPT]
         self.tokens_per_s = tokens / max(elapsed_s, 1e-9)
 
     def spent_on(self, kind: str, seconds: float) -> None:
@@ -259,6 +270,9 @@ class NodeStatus:
         if not diverged:
             self.history[mid][str(state_round)] = digest
             self.groups.setdefault(mid, {})[str(state_round)] = list(contributors)
+            for kept in (self.history[mid], self.groups[mid]):
+                for old in sorted(kept, key=int)[:-ROUNDS_KEPT]:
+                    del kept[old]  # one key at a time: another thread's list(...) or dict(...) copy stays whole
 
     def round_failed(self, mid: str) -> None:
         self.rounds_failed += 1

@@ -12,7 +12,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pathswarm.node.peer.node_status import NodeStatus
+from pathswarm.node.peer.node_status import LOSS_POINTS_KEPT, ROUNDS_KEPT, NodeStatus
 from pathswarm.node.peer.resyncs import Resyncs
 from pathswarm.node.peer.status import write_status
 from pathswarm.node.peer.vouch import Vouched
@@ -27,7 +27,7 @@ STATUS_FILE_FIELDS = [
     "tokens_resumed", "tokens_discarded", "tokens_lost", "counters_id", "last_group", "reachable", "client",
     "optimizer", "micro_batch", "checkpointing", "bytes_sent", "bytes_received", "val_loss_before", "val_loss_after",
     "rounds_failed", "rounds_retried", "rounds_missed", "training_since", "train_wall_s", "digests", "module_rounds",
-    "reducers", "loss_curve", "loss_history", "round_wire_s", "groups", "history", "checkpoint_round",
+    "reducers", "loss_curve", "loss_history", "chunks_trained", "round_wire_s", "groups", "history", "checkpoint_round",
     "claims_read_late", "wait_max_s", "round_work_s", "audits", "audits_gathered", "distrusted", "state",
     "rounds_undone", "anchor_max_abs", "chains", "split_discarded", "heals"]
 
@@ -151,6 +151,15 @@ def test_status_methods_count_as_the_fields_say():
     st.waited(0.5)
     st.waited(0.25)
     st.spent_on("send", 0.1)
+    # bounded over a long run: the newest rounds of each module, numbered on
+    for r in range(1, ROUNDS_KEPT + 41):
+        st.round_applied("L0M0", r, f"d{r}", ["a", "b"], late=False, diverged=False)
+    assert sorted(map(int, st.history["L0M0"])) == list(range(41, ROUNDS_KEPT + 41)) == sorted(map(int,
+                                                                                                st.groups["L0M0"]))
+    for _ in range(LOSS_POINTS_KEPT + 9):
+        st.chunk_trained([1.0], 10, 1.0, first_round=7)
+    assert len(st.loss_curve) == len(st.loss_history) == LOSS_POINTS_KEPT
+    assert st.loss_history[-1] == (7 + LOSS_POINTS_KEPT + 10, 1.0) and st.chunks_trained == LOSS_POINTS_KEPT + 10
     st.spent_on("send", 0.2)
     assert st.wait_max_s == 0.5 and st.round_work_s == {"send": 0.3}
 
