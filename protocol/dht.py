@@ -26,6 +26,7 @@ from pathswarm.protocol.records import (
     RevocationRecord,
     claims_key,
     metrics_key,
+    metrics_within_bound,
     module_key,
     parse_record,
     record_to_wire,
@@ -180,7 +181,9 @@ def read_modules_holders(sdht: SwarmNet, spec: SwarmSpec,
 def metrics_entry(sdht: SwarmNet, spec: SwarmSpec, metrics: NodeMetrics, ttl_s: float) -> Entry:
     """The store of this node's latest metrics, for ttl_s seconds."""
     spec.check_path(metrics.path)
-    return _entry(sdht, metrics_key(spec.swarm_id), metrics, sdht.dht_time() + ttl_s)
+    if sdht.membership and metrics.membership != sdht.membership:  # as `_entry` would: the record as stored must fit
+        metrics = metrics.model_copy(update={"membership": sdht.membership})
+    return _entry(sdht, metrics_key(spec.swarm_id), metrics_within_bound(metrics), sdht.dht_time() + ttl_s)
 
 
 def publish_metrics(sdht: SwarmNet, spec: SwarmSpec, metrics: NodeMetrics, ttl_s: float) -> bool:

@@ -376,3 +376,21 @@ def record_to_wire(record: _Record) -> dict[str, Any]:
 
 def record_to_json(record: _Record) -> bytes:
     return json.dumps(record_to_wire(record), separators=(",", ":")).encode()
+
+
+def metrics_within_bound(metrics: NodeMetrics) -> NodeMetrics:
+    """The metrics with their oldest loss points (then oldest group sizes) dropped until the record fits
+    MAX_RECORD_BYTES as readers measure it (`parse_record`). Each list has its own cap, but all of them full, with a
+    private swarm's certificate, came to 4,277 bytes: the store was refused and the node vanished from `swarm status`
+    and the dashboard (a node with many healed splits in a private swarm)."""
+    for field_name in ("history", "groups"):
+        while True:
+            try:
+                _bounded_size(record_to_wire(metrics), MAX_RECORD_BYTES)
+                return metrics
+            except RecordError:
+                items = getattr(metrics, field_name)
+                if not items:
+                    break
+                metrics = metrics.model_copy(update={field_name: items[max(1, len(items) // 8):]})
+    return metrics

@@ -1,5 +1,7 @@
 """`swarm status` from hand-made DHT records: replica agreement compares every round's announcers."""
 
+import pytest
+
 from pathswarm.protocol.records import ModuleAnnouncement, NodeMetrics
 from pathswarm.protocol.spec import SwarmSpec
 from pathswarm.protocol.swarm_view import SwarmView, replica_agreement, summarize
@@ -107,7 +109,10 @@ def test_the_fullest_metrics_record_fits_the_dht_bound():
         MAX_GROUPS,
         MAX_HISTORY,
         MAX_RECORD_BYTES,
+        MAX_SPLITS,
+        RecordError,
         _bounded_size,
+        metrics_within_bound,
         parse_record,
         record_to_wire,
     )
@@ -123,6 +128,18 @@ def test_the_fullest_metrics_record_fits_the_dht_bound():
     wire = record_to_wire(m)  # what a node stores: hivemind packs it with msgpack
     assert len(MSGPackSerializer.dumps(wire)) <= MAX_RECORD_BYTES and _bounded_size(wire, 1 << 20) <= MAX_RECORD_BYTES
     assert parse_record(NodeMetrics, wire, spec) == m
+    # Every list full (healed splits and stalled modules too) does not fit: the node trims its oldest loss points
+    # rather than have the store refused (protocol/dht.py `metrics_entry`).
+    split = ("L2M63", MAX_COUNT, MAX_COUNT)
+    fullest = m.model_copy(update={"splits_healed": MAX_COUNT, "splits": (split,) * MAX_SPLITS,
+                                   "stalled": tuple((mid, MAX_COUNT) for mid in ("shared", "L0M63", "L1M63", "L2M63"))})
+    with pytest.raises(RecordError):
+        parse_record(NodeMetrics, record_to_wire(fullest), spec)
+    fitted = metrics_within_bound(fullest)
+    assert parse_record(NodeMetrics, record_to_wire(fitted), spec) == fitted
+    assert fitted.history == fullest.history[-len(fitted.history):] and len(fitted.history) >= MAX_HISTORY // 2
+    assert (fitted.splits, fitted.stalled, fitted.groups) == (fullest.splits, fullest.stalled, fullest.groups)
+    assert metrics_within_bound(m) is m  # one that fits is left alone
 
 
 def test_a_split_between_holders_at_different_rounds_is_seen_through_their_chains():
