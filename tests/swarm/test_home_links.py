@@ -27,11 +27,6 @@ def absent_rounds(st: dict[str, dict]) -> dict[tuple[str, str], int]:
             for name, s in st.items() for mid, rounds in groups.items()}
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "intermittent (closing notes of 2026-12-07): passed 4 runs in 5 after the 'behind' fix, the fifth ended with "
-    "`shared` round 4 in two versions after replies lost mid-message on the shaped links (message truncated, asked "
-    "again), not diagnosed; with round 0 in slices, once split by dials that failed both ways (simultaneous open, "
-    "fixed: LIBP2P_TCP_REUSEPORT=false), then 3 runs in 3 passed. Still run and reported."))
 def test_sixteen_nodes_on_home_links_keep_identical_replicas_and_every_round(tmp_path):
     why = unavailable()
     if why:
