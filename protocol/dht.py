@@ -55,9 +55,14 @@ Entry = tuple[str, object, float, "bytes | None"]
 def _entry(sdht: SwarmNet, key: str, record: _R, expiration: float) -> Entry:
     if record.peer_id != sdht.peer_id:
         raise ValueError(f"record names peer {record.peer_id}, but this DHT peer is {sdht.peer_id}")
+    return key, record_to_wire(_with_membership(sdht, record)), expiration, sdht.owner
+
+
+def _with_membership(sdht: SwarmNet, record: _R) -> _R:
+    """The record carrying this peer's membership certificate (a private swarm's), as it is stored."""
     if sdht.membership and record.membership != sdht.membership:
-        record = record.model_copy(update={"membership": sdht.membership})
-    return key, record_to_wire(record), expiration, sdht.owner
+        return record.model_copy(update={"membership": sdht.membership})
+    return record
 
 
 def _publish(sdht: SwarmNet, key: str, record: _R, expiration: float) -> bool:
@@ -181,9 +186,8 @@ def read_modules_holders(sdht: SwarmNet, spec: SwarmSpec,
 def metrics_entry(sdht: SwarmNet, spec: SwarmSpec, metrics: NodeMetrics, ttl_s: float) -> Entry:
     """The store of this node's latest metrics, for ttl_s seconds."""
     spec.check_path(metrics.path)
-    if sdht.membership and metrics.membership != sdht.membership:  # as `_entry` would: the record as stored must fit
-        metrics = metrics.model_copy(update={"membership": sdht.membership})
-    return _entry(sdht, metrics_key(spec.swarm_id), metrics_within_bound(metrics), sdht.dht_time() + ttl_s)
+    fitted = metrics_within_bound(_with_membership(sdht, metrics))  # the record as stored, certificate in, must fit
+    return _entry(sdht, metrics_key(spec.swarm_id), fitted, sdht.dht_time() + ttl_s)
 
 
 def publish_metrics(sdht: SwarmNet, spec: SwarmSpec, metrics: NodeMetrics, ttl_s: float) -> bool:

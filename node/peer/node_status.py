@@ -271,8 +271,9 @@ class NodeStatus:
             self.history[mid][str(state_round)] = digest
             self.groups.setdefault(mid, {})[str(state_round)] = list(contributors)
             for kept in (self.history[mid], self.groups[mid]):
-                for old in sorted(kept, key=int)[:-ROUNDS_KEPT]:
-                    del kept[old]  # one key at a time: another thread's list(...) or dict(...) copy stays whole
+                if len(kept) > ROUNDS_KEPT:  # no sort on every round: only once the window is full
+                    for old in sorted(kept, key=int)[:-ROUNDS_KEPT]:
+                        del kept[old]  # one key at a time: another thread's list(...) or dict(...) copy stays whole
 
     def round_failed(self, mid: str) -> None:
         self.rounds_failed += 1

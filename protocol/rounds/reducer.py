@@ -160,12 +160,9 @@ class Reducer:
         return answer(opened.result, sender, self.store)
 
     def _refused(self, module: str, round_: int) -> RoundReply | None:
-        if self._refuses(self.log(module), round_):
+        if self.log(module).refuses(round_, self.ctx.clock.now(), self.ctx.spec.averaging.timeout_s):
             return failed(module, round_, "reducer was behind this round and refuses it", RoundStatus.BEHIND)
         return None
-
-    def _refuses(self, log: ModuleLog, round_: int) -> bool:
-        return log.refuses(round_, self.ctx.clock.now(), self.ctx.spec.averaging.timeout_s)
 
     def _compare(self, module: str, round_: int, sender: str, digest: str,
                  mine: OuterState | None) -> RoundReply | None:
@@ -251,7 +248,7 @@ class Reducer:
             return Stance.CLOSED
         if log is not None and round_ in log.open:
             return Stance.OPEN
-        if log is not None and self._refuses(log, round_):
+        if log is not None and self._refused(module, round_):
             return Stance.NOT_HERE  # we answered its members "behind": they go on to the asker
         mine = self.effective_state(module) if log is not None else None
         if mine is None or mine.round < round_ or mine.round == round_ and mine.digest() != digest:

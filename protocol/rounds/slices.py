@@ -120,8 +120,7 @@ def agreed_list(mine: OuterState, uid: str, genesis: Mapping[str, tuple[str, ...
     if mine.reducers:
         return mine.reducers
     listed = tuple(genesis.get(module_of_unit(uid), ()))
-    j = slice_index(uid)
-    return rotated(listed, mine.round, j) if UNIT_SEP in uid else listed
+    return rotated(listed, mine.round, slice_index(uid)) if UNIT_SEP in uid else listed
 
 
 def view(state: OuterState, unit: Unit) -> OuterState:
