@@ -535,9 +535,16 @@ def validate_entries(entries: list[dict], default_grace_s: float | None = GRACE_
     """The model's round against measured ones: each entry {"nodes", "slices", "numel", "frame_bytes", "up_bps",
     "down_bps", "one_way_latency_s", "measured_round_s"} (every node alike; rates in bits/s; frame_bytes one member's
     whole frame of the module) and optionally "clients", "checked", "audit_rate", "min_group", "grace_s" (null: no
-    window), "frame_bytes_per_value". The quorum and grace window default to the spec's: a harness that did not set
-    them ran with them. Returns each entry with the model's round time and the relative error (model − measured) ÷
-    measured."""
+    window), "frame_bytes_per_value", "host_floor_s". The quorum and grace window default to the spec's: a harness
+    that did not set them ran with them.
+
+    `host_floor_s` is what the links leave out: the same harness's round at the same N, sizes and machine on links
+    too fast to matter (`lan`), measured in a run of its own: the software's own time per round (decode, merge, encode,
+    the p2pd daemons and event loops, all N processes on the host's cores beside each other's training). The model has
+    no CPU; the round on shaped links is taken as its network time plus that floor (the merge and the replies wait on
+    the frames, and the frames on nothing else: the two add on the critical path). Returns each entry with the model's
+    round time (`model_round_s`, the floor included; `model_network_s` without it) and the relative errors
+    (model − measured) ÷ measured of both."""
     out = []
     for e in entries:
         numel = int(e["numel"])
@@ -548,8 +555,10 @@ def validate_entries(entries: list[dict], default_grace_s: float | None = GRACE_
                           audit_rate=float(e.get("audit_rate", AUDIT_RATE)),
                           min_group=e.get("min_group", default_min_group), grace_s=e.get("grace_s", default_grace_s))
         measured = float(e["measured_round_s"])
-        out.append({**e, "K": got["units"], "model_round_s": got["round_s"],
-                    "relative_error": (got["round_s"] - measured) / measured, "model_merged": got["merged"],
+        total = got["round_s"] + float(e.get("host_floor_s") or 0.0)
+        out.append({**e, "K": got["units"], "model_round_s": total, "model_network_s": got["round_s"],
+                    "relative_error": (total - measured) / measured,
+                    "network_only_error": (got["round_s"] - measured) / measured, "model_merged": got["merged"],
                     "model_last_frame_in_s": got["last_frame_in_s"], "model_last_close_s": got["last_close_s"],
                     "model_median_apply_s": got["median_apply_s"], "model_busiest_sent": got["busiest_sent"],
                     "model_busiest_received": got["busiest_received"]})

@@ -12,11 +12,19 @@ waits for the last one's compute, while the model starts every send at once. The
 (benchmarks/_round_events.py `validate_entries`) gets the same nodes, link, slices and the path's parameters as one
 module (both modules' rounds share the links at once), every holder merged (the quorum is every claimant).
 
-    nice -n 10 .venv/bin/python benchmarks/links_rounds.py          # ≈ 10 min on 2 cores (root: namespaces)
+The model has links and no CPU; here 8-16 processes share 2 cores, and a round's decode, merge, encode and stream
+handling wait for a core (at 16 nodes the p2pd daemons and DHT processes alone took 1.2 core-s a node and round,
+`results/links_rounds_cpu.json`). So each N also runs once on the `lan` profile (10 Gbit/s, where the links cost
+nothing), the same statistic of its steady rounds being the host's floor (`host_floor_s`, `_round_events.py`
+`validate_entries`): the model's round is its network time plus that floor, and both errors are written (the
+network's alone too). `--no-floor` skips those runs; `--floors-for FILE` runs only the floors of an earlier run's.
+
+    nice -n 10 .venv/bin/python benchmarks/links_rounds.py          # ≈ 25 min on 2 cores (root: namespaces)
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import tempfile
@@ -38,21 +46,19 @@ from tests.links import PROFILES, Links, Profile, unavailable
 GOAL = 0.20
 
 
-def run(nodes: int, a, work: Path) -> dict:
+def run(nodes: int, a, work: Path, link: Profile) -> dict:
     base = SwarmSpec(name=f"links-rounds-{nodes}", levels=(1,),
                      model=ModelSpec(width=a.width, base_width=64, n_heads=4, layers_per_module=a.layers,
                                      context_len=64),
                      inner=InnerOptSpec(steps=a.inner_steps, batch_size=8),
                      averaging=AveragingSpec(grace_s=a.grace_s, timeout_s=120.0, claim_ttl_s=30.0, slices=nodes))
     spec = init_spec(base, load_documents(base.data))
-    spec_path = work / f"swarm-{nodes}.toml"
+    spec_path = work / f"swarm-{nodes}-{link.name}.toml"
     spec_path.write_text(spec.to_toml())
-    link = Profile("shaped", up_bps=a.up_mbps * 1e6, down_bps=a.down_mbps * 1e6, rtt_s=a.rtt_ms / 1e3,
-                   loss=a.loss)
     names = [f"n{i}" for i in range(nodes)]
     t_start = time.monotonic()
     with CpuSampler() as cpu, Links([PROFILES["lan"], *[link] * nodes]) as net, \
-            LocalSwarm(spec_path, work / f"run-{nodes}", debug=a.debug) as swarm:
+            LocalSwarm(spec_path, work / f"run-{nodes}-{link.name}", debug=a.debug) as swarm:
         swarm.netns.update({"bootstrap": net.ns(0), **{n: net.ns(i + 1) for i, n in enumerate(names)}})
         swarm.start_bootstrap(args=["--swarm", str(spec_path), "--host-maddr", net.maddr(0)], timeout_s=120)
         for i, name in enumerate(names):
@@ -106,6 +112,11 @@ def main() -> None:
     ap.add_argument("--loss", type=float, default=0.0)
     ap.add_argument("--frame-bytes-per-value", type=float, default=0.796,
                     help="int8 + zstd bytes per value of a frame (the scale model's, from results/wire.json)")
+    ap.add_argument("--no-floor", action="store_true",
+                    help="skip the runs on `lan` that measure the host's floor (the model's round is then links only)")
+    ap.add_argument("--floors-for", default="",
+                    help="an earlier run's JSON (same options, no floors): run only the floors of its shaped runs and "
+                         "write them together (its config is kept, with this run's floor options beside it)")
     ap.add_argument("--workdir", default="", help="keep the processes' logs and statuses here")
     ap.add_argument("--debug", action="store_true", help="the nodes log at debug level (with --workdir)")
     ap.add_argument("--cpu-of", type=int, default=0,
@@ -115,23 +126,42 @@ def main() -> None:
     why = unavailable()
     if why:
         sys.exit(f"links_rounds needs the link harness: {why}")
+    shaped = Profile("shaped", up_bps=a.up_mbps * 1e6, down_bps=a.down_mbps * 1e6, rtt_s=a.rtt_ms / 1e3,
+                     loss=a.loss)
+    earlier = json.loads(Path(a.floors_for).read_text()) if a.floors_for else None
     entries = []
     with tempfile.TemporaryDirectory(prefix="links-rounds-") as tmp:
-        for n in (int(x) for x in a.nodes.split(",")):
-            Path(a.workdir or tmp).mkdir(parents=True, exist_ok=True)
-            entry = run(n, a, Path(a.workdir or tmp))
+        work = Path(a.workdir or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for n in (int(x) for x in a.nodes.split(",")) if earlier is None else (e["nodes"] for e in earlier["runs"]):
+            if earlier is None:
+                entry = run(n, a, work, shaped)
+            else:
+                entry = next(e for e in earlier["runs"] if e["nodes"] == n)
+                for key, value in earlier["config"].items():  # the floor runs with the shaped runs' model and H
+                    if key in ("rounds", "inner_steps", "width", "layers", "grace_s"):
+                        setattr(a, key, value)
             print(f"{n} nodes: steady round {entry['measured_round_s']:.2f} s "
                   f"(replicas identical: {entry['replicas_identical']})", flush=True)
+            if not a.no_floor:
+                floor = run(n, a, work, PROFILES["lan"])
+                entry |= {"host_floor_s": floor["measured_round_s"], "floor_run": floor}
+                print(f"{n} nodes on lan (the host's floor): steady round {floor['measured_round_s']:.2f} s "
+                      f"(replicas identical: {floor['replicas_identical']})", flush=True)
             entries.append(entry)
-    checked = validate_entries([{k: v for k, v in e.items() if k not in ("measured_rounds", "cpu_core_s")}
+    checked = validate_entries([{k: v for k, v in e.items() if k not in ("measured_rounds", "cpu_core_s", "floor_run")}
                                 for e in entries])
     for e, c in zip(entries, checked, strict=True):
-        e |= {"model_round_s": c["model_round_s"], "relative_error": c["relative_error"],
-              "within_goal": abs(c["relative_error"]) <= GOAL}
+        e |= {k: c[k] for k in ("model_round_s", "model_network_s", "relative_error", "network_only_error")}
+        e["within_goal"] = abs(c["relative_error"]) <= GOAL
         print(f"{e['nodes']} nodes: measured {e['measured_round_s']:.2f} s, model {e['model_round_s']:.2f} s "
-              f"({100 * e['relative_error']:+.0f} %)")
-    write_json(a.json, {"claim": "the scale model's round time within 20 % of rounds measured on shaped links",
-                        "machine": machine(), "config": {k: v for k, v in vars(a).items() if k != "json"},
+              f"({100 * e['relative_error']:+.0f} %; links alone {e['model_network_s']:.2f} s, "
+              f"{100 * e['network_only_error']:+.0f} %)")
+    write_json(a.json, {"claim": "the scale model's round time (its links, plus the host's floor measured on lan "
+                                 "unless --no-floor) within 20 % of rounds measured on shaped links",
+                        "machine": machine(), "config": {k: v for k, v in vars(a).items() if k != "json"}
+                        if earlier is None else {**earlier["config"], "floors": {k: v for k, v in vars(a).items()
+                                                                                 if k != "json"}},
                         "goal_relative_error": GOAL, "runs": entries,
                         "met": all(e["within_goal"] for e in entries)})
 

@@ -170,6 +170,12 @@ def test_validate_entries_reports_the_relative_error():
     assert got[0]["K"] == 8
     assert got[0]["relative_error"] == pytest.approx(0.0, abs=1e-9)
     assert got[1]["relative_error"] == pytest.approx(1.0)
+    # a measured host floor (the same harness on unshaped links) adds to the network's time
+    floored = ev.validate_entries([{**entry, "measured_round_s": model + 1.5, "host_floor_s": 1.5}])[0]
+    assert floored["model_round_s"] == pytest.approx(model + 1.5)
+    assert floored["model_network_s"] == pytest.approx(model)
+    assert floored["relative_error"] == pytest.approx(0.0, abs=1e-9)
+    assert floored["network_only_error"] == pytest.approx(-1.5 / (model + 1.5))
 
 
 def test_the_grace_window_closes_on_what_is_in():
