@@ -7,6 +7,7 @@ Members are real `pathswarm` CLI processes; the outsider runs a real hivemind DH
 exchange client in this process, as an attacker would, bypassing every check of the CLI.
 """
 
+import dataclasses
 import signal
 import time
 
@@ -269,3 +270,48 @@ def test_a_revoked_member_is_shut_out_within_a_few_rounds_and_the_others_train_o
     after = {r for r in final["a"]["history"]["shared"] if int(r) >= window.stop} & set(final["b"]["history"]["shared"])
     assert after and all(final["a"]["history"]["shared"][r] == final["b"]["history"]["shared"][r] for r in after)
     assert "this node was revoked by the swarm's owner: its peers refuse it from now on; stopping" in c_log
+
+
+@pytest.mark.slow  # ~50 s: in `make test-slow` (CI runs it too)
+def test_a_member_pulls_the_model_and_strangers_cannot(private, tmp_path):
+    """`pathswarm model pull` from a private swarm: without a certificate, or with another peer's, the CLI refuses
+    before it contacts anyone; with its own certificate a member that runs no node pulls every module, each as a
+    holder saved it at the same round. (The holders' own refusal of a download without a valid certificate, for a
+    client that bypasses the CLI, is the Outsider's `fetch_state` above.)"""
+    from pathswarm.node.app.swarm_init import init_spec
+    from pathswarm.node.model.data import synthetic_corpus
+    from pathswarm.node.train.checkpoint import complete_rounds, load_checkpoint, load_round, module_digest
+
+    spec, _, _ = private
+    # one path: two nodes hold every module, so a pull can take the whole model; ~8 s a round (150 tokens/s): the
+    # two rounds a checkpoint keeps still hold what was pulled when the nodes stop
+    spec = init_spec(spec.replace(levels=(1,), router=dataclasses.replace(spec.router, centroids=())),
+                     synthetic_corpus(200, seed=0))
+    spec_path = tmp_path / "swarm1.toml"
+    spec_path.write_text(spec.to_toml())
+    ids = {n: tmp_path / f"{n}.key" for n in ("a", "b", "puller")}
+    members = {n: invite(spec_path, ids[n], tmp_path, n) for n in ids}
+    out = tmp_path / "model"
+    with LocalSwarm(spec_path, tmp_path / "run") as swarm:
+        maddr = swarm.start_bootstrap()
+        for i, n in enumerate(("a", "b")):
+            swarm.start_node(n, path="0", seed=i, extra=["--membership", str(tmp_path / f"{n}.cert"), "--identity",
+                                                         str(ids[n]), "--wait-peers", "2", "--max-tokens-per-s", "150"])
+        wait_until(lambda: all((swarm.status(n) or {}).get("round", 0) >= 1 for n in ("a", "b")), 180, "round 1")
+        pull = ["model", "pull", "--swarm", str(spec_path), "--initial-peer", maddr, "-o", str(out)]
+        assert "is private: start with --membership" in error_line(cli(*pull))
+        line = error_line(cli(*pull, "--membership", str(tmp_path / "a.cert"), "--identity", str(ids["puller"])))
+        assert f"certificate is for peer {members['a'][0]}" in line
+        assert not out.exists() or not any(out.iterdir())
+        proc = cli(*pull, "--membership", str(tmp_path / "puller.cert"), "--identity", str(ids["puller"]))
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+        assert proc.stderr.count("holders vouch") == len(spec.all_module_ids()), proc.stderr
+        for n in ("a", "b"):
+            swarm.signal(n, signal.SIGTERM)
+        assert swarm.wait_nodes(["a", "b"], timeout_s=90) == {"a": 0, "b": 0}
+        kept = [load_round(d, spec) for d in complete_rounds(swarm.node_files("a")["checkpoint"])]
+    pulled = load_checkpoint(out, spec)
+    assert set(pulled.modules) == set(spec.all_module_ids()) and pulled.provenance["kind"] == "pull"
+    for mid, state in pulled.modules.items():  # bit-identical to what a holder saved at that round
+        saved = [k.modules[mid] for k in kept if k.modules[mid].round == state.round]
+        assert saved and module_digest(saved[0]) == module_digest(state), (mid, state.round)
