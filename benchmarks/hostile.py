@@ -26,7 +26,12 @@ third node (path 1.0: it shares `shared`) joins a third of the way in and trains
   ~3e4): beyond every member's bound (protocol/rounds/rule.py `mean_bound`), refused before it is applied;
 - `late-liar-noise` (issue 27): the same, sending the true mean plus noise 3 × its norm: inside the bound and
   pointing our way (not `suspicious`), so applied until a random audit catches one, then undone
-  (protocol/rounds/heal.py).
+  (protocol/rounds/heal.py);
+- `fourth-honest`: the liar's node of those arms (same identity ground to reduce first, same path, same seed)
+  that never lies: the lie arms' swarm without the lie. Their swarm has a node on path 0.0 that the clean arm
+  lacks, whose honest rounds move the modules a and b share towards path 0.0's documents (a's loss falls a few %
+  and b's rises in every lie arm, as the honest liar's tokens weigh in `shared` and `L0M0`), so each lie arm's loss
+  is also read against this one (`loss_ratio_same_swarm`), and with it run, the goal reads that ratio for them.
 Besides the loss, each lie's arm reads the largest |value| the honest anchors took in the run (`anchor_max_abs`)
 against the clean arm's (≤ ANCHOR_GOAL), and the rounds the honest nodes undid.
 Contributions with bounded, scaled, sign-flipped, NaN or wrong-shape outer gradients are measured by
@@ -68,10 +73,12 @@ H, STEPS_PER_S, BATCH, CONTEXT = 10, 5, 4, 32
 HONEST = {"a": "0.0", "b": "0.1"}
 JOINER_PATH = "1.0"  # its L0M1 is a module nobody has trained before it joins
 ARMS = ("clean", "forged-state", "dht-stuffing", "lying-reducer", "flood", "silent-claimant", "late-liar",
-        "late-liar-huge", "late-liar-noise")
+        "late-liar-huge", "late-liar-noise", "fourth-honest")
 LIAR_ARMS = {"lying-reducer": ("0", "-1"), "late-liar": ("6", "-1"), "late-liar-huge": ("6", "-1e4"),
-             "late-liar-noise": ("6", "noise3")}
-"""The liar's (first lying round of a module, factor of the true mean it sends) in each arm (tests/lying_node.py)."""
+             "late-liar-noise": ("6", "noise3"), "fourth-honest": (str(10**9), "-1")}
+"""The liar's (first lying round of a module, factor of the true mean it sends) in each arm (tests/lying_node.py);
+`fourth-honest`'s first lying round is never reached."""
+SAME_SWARM = "fourth-honest"  # the lie arms' swarm, nobody lying: their baseline when it was run
 ANCHOR_GOAL = 1.1  # a lie's arm: the honest anchors' largest |value| in the run ≤ this × the clean arm's
 SPEED_GOAL = 0.9  # a silent claimant: the honest nodes' rounds per second ≥ this × the clean arm's
 GOAL = 0.02
@@ -240,6 +247,11 @@ def plot(result: dict, path: str) -> None:
     for j, node in enumerate(HONEST):
         ratios = [result["arms"][a]["loss_ratio"][node] for a in attacks]
         ax.bar([i + (j - 0.5) * width for i in range(len(attacks))], ratios, width, label=f"honest node {node}")
+        same = [(i + (j - 0.5) * width, result["arms"][a]["loss_ratio_same_swarm"][node])
+                for i, a in enumerate(attacks) if "loss_ratio_same_swarm" in result["arms"][a]]
+        if same:
+            ax.scatter(*zip(*same, strict=True), color="black", marker="_", s=120, zorder=3,
+                       label=f"÷ {SAME_SWARM} (the lie arms' swarm, no lie)" if j == 0 else None)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.axhline(1.0 + GOAL, color="tab:red", ls="--", lw=0.8, label="goal: within 2 % of clean")
     ax.set_xticks(range(len(attacks)), attacks)
@@ -313,17 +325,28 @@ def main() -> None:
                                           for m in runs_max[0]), default=0.0)
         arms[arm]["speed_ratio"] = {n: arms[arm]["rounds_per_s"][n] / max(arms["clean"]["rounds_per_s"][n], 1e-9)
                                     for n in HONEST}
-    attacks = [a for a in arms_run if a != "clean"]
-    meets = all(max(arms[a]["loss_ratio"].values()) <= 1 + GOAL and arms[a]["replica_mismatches"] == 0
+    attacks = [a for a in arms_run if a not in ("clean", SAME_SWARM)]  # fourth-honest: a baseline, no attack
+    for a in attacks:
+        if a in LIAR_ARMS and a != SAME_SWARM and SAME_SWARM in arms:
+            arms[a]["loss_ratio_same_swarm"] = {n: held[a][n] / held[SAME_SWARM][n] for n in HONEST}
+
+    def goal_ratio(a: str) -> float:
+        return max(arms[a].get("loss_ratio_same_swarm", arms[a]["loss_ratio"]).values())
+
+    meets = all(goal_ratio(a) <= 1 + GOAL and arms[a]["replica_mismatches"] == 0
                 and arms[a]["crashed"] == 0 and not arms[a]["forged_state_adopted"]
                 and (a != "silent-claimant" or min(arms[a]["speed_ratio"].values()) >= SPEED_GOAL)
                 and (a not in LIAR_ARMS or arms[a]["anchor_ratio"] <= ANCHOR_GOAL) for a in attacks)
     result = {"benchmark": "hostile", "rounds": args.rounds, "repeats": args.repeats, "machine": machine(),
-              "arms": arms, "goal": "each attack: honest loss within 2 % of clean, replicas identical, no crash; "
+              "arms": arms, "goal": "each attack: honest loss within 2 % of clean (a lie arm's: of fourth-honest, "
+              "its swarm without the lie, when that arm was run), replicas identical, no crash; "
               "a silent claimant: rounds per second >= 0.9 x clean's; a liar: the honest anchors' largest |value| "
               "<= 1.1 x clean's",
               "meets_goal": meets, "wall_s": round(time.monotonic() - t0, 1)}
-    for a in attacks:
+    for a in [*attacks, *([SAME_SWARM] if SAME_SWARM in arms else [])]:
+        same = arms[a].get("loss_ratio_same_swarm")
+        if same:
+            print(f"{a}: honest loss / {SAME_SWARM} = {', '.join(f'{n} {r:.3f}' for n, r in same.items())}")
         print(f"{a}: honest loss / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['loss_ratio'].items())}; "
               f"rounds/s / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['speed_ratio'].items())}; "
               f"largest |anchor| / clean = {arms[a]['anchor_ratio']:.3f} (clean's own spread "
