@@ -29,9 +29,13 @@ third node (path 1.0: it shares `shared`) joins a third of the way in and trains
   (protocol/rounds/heal.py);
 - `fourth-honest`: the liar's node of those arms (same identity ground to reduce first, same path, same seed)
   that never lies: the lie arms' swarm without the lie. Their swarm has a node on path 0.0 that the clean arm
-  lacks, whose honest rounds move the modules a and b share towards path 0.0's documents (a's loss falls a few %
-  and b's rises in every lie arm, as the honest liar's tokens weigh in `shared` and `L0M0`), so each lie arm's loss
-  is also read against this one (`loss_ratio_same_swarm`), and with it run, the goal reads that ratio for them.
+  lacks, whose honest rounds move the modules a and b share towards path 0.0's documents (measured on 2623d5c: a
+  2 % lower, b 8 % higher than clean), and the lie arms have it until their liar is caught and left out. So each lie
+  arm's loss is also written against this one (`loss_ratio_same_swarm`): the lie arms' honest losses fall between
+  the two baselines, and what the lie costs is read beside both. The goal reads the clean arm, as issue 27 states it;
+- `fourth-leaves`: the same honest node, leaving after its round LIE_FROM − 1: the lie arms' swarm as it is once
+  their liar is caught at its first lie (`late-liar`, `late-liar-huge`: refused before anyone applies it, the liar
+  left out from then on), without the lie. Each lie arm's loss is written against it too (`loss_ratio_matched`).
 Besides the loss, each lie's arm reads the largest |value| the honest anchors took in the run (`anchor_max_abs`)
 against the clean arm's (≤ ANCHOR_GOAL), and the rounds the honest nodes undid.
 Contributions with bounded, scaled, sign-flipped, NaN or wrong-shape outer gradients are measured by
@@ -73,12 +77,16 @@ H, STEPS_PER_S, BATCH, CONTEXT = 10, 5, 4, 32
 HONEST = {"a": "0.0", "b": "0.1"}
 JOINER_PATH = "1.0"  # its L0M1 is a module nobody has trained before it joins
 ARMS = ("clean", "forged-state", "dht-stuffing", "lying-reducer", "flood", "silent-claimant", "late-liar",
-        "late-liar-huge", "late-liar-noise", "fourth-honest")
+        "late-liar-huge", "late-liar-noise", "fourth-honest", "fourth-leaves")
 LIAR_ARMS = {"lying-reducer": ("0", "-1"), "late-liar": ("6", "-1"), "late-liar-huge": ("6", "-1e4"),
-             "late-liar-noise": ("6", "noise3"), "fourth-honest": (str(10**9), "-1")}
+             "late-liar-noise": ("6", "noise3"), "fourth-honest": (str(10**9), "-1"),
+             "fourth-leaves": (str(10**9), "-1")}
+LIE_FROM = 6  # the late liars' first lying round (LIAR_ARMS); `fourth-leaves` trains the rounds before it
 """The liar's (first lying round of a module, factor of the true mean it sends) in each arm (tests/lying_node.py);
 `fourth-honest`'s first lying round is never reached."""
-SAME_SWARM = "fourth-honest"  # the lie arms' swarm, nobody lying: their baseline when it was run
+SAME_SWARM = "fourth-honest"  # the lie arms' swarm, nobody lying: their second baseline, beside clean
+MATCHED = "fourth-leaves"  # ... and that swarm as it is once the liar is caught at its first lie: the third
+CONTROLS = (SAME_SWARM, MATCHED)
 ANCHOR_GOAL = 1.1  # a lie's arm: the honest anchors' largest |value| in the run ≤ this × the clean arm's
 SPEED_GOAL = 0.9  # a silent claimant: the honest nodes' rounds per second ≥ this × the clean arm's
 GOAL = 0.02
@@ -161,7 +169,7 @@ def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
             swarm.start_node(name, path=path, max_rounds=rounds, seed=i,
                              extra=["--wait-peers", "3" if third else "2", *pace(), *ident])
         if liar_arm:  # holds `shared` and `L0M0` with a and b; lies in rounds that merge all three
-            swarm.start_node("liar", path="0.0", max_rounds=rounds, seed=7,
+            swarm.start_node("liar", path="0.0", max_rounds=LIE_FROM if arm == MATCHED else rounds, seed=7,
                              entry=["-m", "tests.lying_node", "3", *LIAR_ARMS[arm]],
                              extra=["--wait-peers", "3", *pace(), "--identity", str(keys["liar"])])
         if arm == "silent-claimant":  # claims path 0.0 (so `shared` and `L0M0`) and never finishes a round
@@ -247,11 +255,14 @@ def plot(result: dict, path: str) -> None:
     for j, node in enumerate(HONEST):
         ratios = [result["arms"][a]["loss_ratio"][node] for a in attacks]
         ax.bar([i + (j - 0.5) * width for i in range(len(attacks))], ratios, width, label=f"honest node {node}")
-        same = [(i + (j - 0.5) * width, result["arms"][a]["loss_ratio_same_swarm"][node])
-                for i, a in enumerate(attacks) if "loss_ratio_same_swarm" in result["arms"][a]]
-        if same:
-            ax.scatter(*zip(*same, strict=True), color="black", marker="_", s=120, zorder=3,
-                       label=f"÷ {SAME_SWARM} (the lie arms' swarm, no lie)" if j == 0 else None)
+        for key, marker, what in (("loss_ratio_same_swarm", "_", f"÷ {SAME_SWARM} (the lie arms' swarm, no lie)"),
+                                  ("loss_ratio_matched", "x", f"÷ {MATCHED} (… its fourth node leaving at round "
+                                                              f"{LIE_FROM})")):
+            marks = [(i + (j - 0.5) * width, result["arms"][a][key][node])
+                     for i, a in enumerate(attacks) if key in result["arms"][a]]
+            if marks:
+                ax.scatter(*zip(*marks, strict=True), color="black", marker=marker, s=60, zorder=3,
+                           label=what if j == 0 else None)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.axhline(1.0 + GOAL, color="tab:red", ls="--", lw=0.8, label="goal: within 2 % of clean")
     ax.set_xticks(range(len(attacks)), attacks)
@@ -325,28 +336,25 @@ def main() -> None:
                                           for m in runs_max[0]), default=0.0)
         arms[arm]["speed_ratio"] = {n: arms[arm]["rounds_per_s"][n] / max(arms["clean"]["rounds_per_s"][n], 1e-9)
                                     for n in HONEST}
-    attacks = [a for a in arms_run if a not in ("clean", SAME_SWARM)]  # fourth-honest: a baseline, no attack
+    attacks = [a for a in arms_run if a not in ("clean", *CONTROLS)]  # the controls: baselines, no attack
     for a in attacks:
-        if a in LIAR_ARMS and a != SAME_SWARM and SAME_SWARM in arms:
-            arms[a]["loss_ratio_same_swarm"] = {n: held[a][n] / held[SAME_SWARM][n] for n in HONEST}
+        for control, key in ((SAME_SWARM, "loss_ratio_same_swarm"), (MATCHED, "loss_ratio_matched")):
+            if a in LIAR_ARMS and control in arms:
+                arms[a][key] = {n: held[a][n] / held[control][n] for n in HONEST}
 
-    def goal_ratio(a: str) -> float:
-        return max(arms[a].get("loss_ratio_same_swarm", arms[a]["loss_ratio"]).values())
-
-    meets = all(goal_ratio(a) <= 1 + GOAL and arms[a]["replica_mismatches"] == 0
+    meets = all(max(arms[a]["loss_ratio"].values()) <= 1 + GOAL and arms[a]["replica_mismatches"] == 0
                 and arms[a]["crashed"] == 0 and not arms[a]["forged_state_adopted"]
                 and (a != "silent-claimant" or min(arms[a]["speed_ratio"].values()) >= SPEED_GOAL)
                 and (a not in LIAR_ARMS or arms[a]["anchor_ratio"] <= ANCHOR_GOAL) for a in attacks)
     result = {"benchmark": "hostile", "rounds": args.rounds, "repeats": args.repeats, "machine": machine(),
-              "arms": arms, "goal": "each attack: honest loss within 2 % of clean (a lie arm's: of fourth-honest, "
-              "its swarm without the lie, when that arm was run), replicas identical, no crash; "
+              "arms": arms, "goal": "each attack: honest loss within 2 % of clean, replicas identical, no crash; "
               "a silent claimant: rounds per second >= 0.9 x clean's; a liar: the honest anchors' largest |value| "
               "<= 1.1 x clean's",
               "meets_goal": meets, "wall_s": round(time.monotonic() - t0, 1)}
-    for a in [*attacks, *([SAME_SWARM] if SAME_SWARM in arms else [])]:
-        same = arms[a].get("loss_ratio_same_swarm")
-        if same:
-            print(f"{a}: honest loss / {SAME_SWARM} = {', '.join(f'{n} {r:.3f}' for n, r in same.items())}")
+    for a in [*attacks, *(c for c in CONTROLS if c in arms)]:
+        for control, key in ((SAME_SWARM, "loss_ratio_same_swarm"), (MATCHED, "loss_ratio_matched")):
+            if key in arms[a]:
+                print(f"{a}: honest loss / {control} = {', '.join(f'{n} {r:.3f}' for n, r in arms[a][key].items())}")
         print(f"{a}: honest loss / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['loss_ratio'].items())}; "
               f"rounds/s / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['speed_ratio'].items())}; "
               f"largest |anchor| / clean = {arms[a]['anchor_ratio']:.3f} (clean's own spread "
