@@ -268,8 +268,9 @@ def plot(result: dict, path: str) -> None:
     ax.set_xticks(range(len(attacks)), attacks)
     ax.set_ylabel("final held-out loss / clean run's")
     ax.set_title(f"hostile peers, {result['rounds']} rounds × {result['repeats']} repeats")
-    lo = min(min(result["arms"][a]["loss_ratio"].values()) for a in attacks)
-    ax.set_ylim(min(0.95, lo - 0.01), max(1.05, 1.0 + 2 * GOAL))
+    shown = [v for a in attacks for key in ("loss_ratio", "loss_ratio_same_swarm", "loss_ratio_matched")
+             for v in result["arms"][a].get(key, {}).values()]
+    ax.set_ylim(min(0.95, min(shown) - 0.01), max(1.05, 1.0 + 2 * GOAL, max(shown) + 0.01))
     ax.legend(fontsize=8)
     save_plot(fig, path)
 
