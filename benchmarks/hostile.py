@@ -48,7 +48,7 @@ this spec: it swings by 10-30 % between rounds, too noisy for a 2 % goal), round
 after a lie caught before applying, bytes sent + received, replica mismatches, exit codes. JSON + a PNG of the
 ratios.
 
-    python benchmarks/hostile.py                          # ≈ 20 min on 2 cores
+    python benchmarks/hostile.py                          # ≈ 45 min on 2 cores (11 arms × 3 repeats)
     python benchmarks/hostile.py --rounds 10 --repeats 1  # a quick look
 
 Goal (issue 17): each attack's honest loss within 2 % of the clean run's, replicas identical, no node crashed.
