@@ -4,7 +4,7 @@ A hivemind store that meets a dead or frozen peer waits for that peer's RPC time
 where nodes die all the time. Measured in the chaos benchmark before this thread existed, a node's training
 loop spent ~4 % of its time on announcements alone. Training must not wait for advisory records, so the
 training thread only hands them over. (Reading the claims stays on the training thread, bounded in time:
-the reducer of a round must be picked from a view read when the round is sent, see Node.train_loop.)
+the reducer of a round must be picked from a view read when the round is sent, see RoundLoop.run.)
 
 Jobs are named; a job handed over while an older one of the same name is still queued replaces it (the
 newest announcement is the only one worth sending). One thread runs them in order of first submission.

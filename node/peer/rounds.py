@@ -93,7 +93,7 @@ class Rounds:
         (protocol/rounds/slices.py): one contribution per slice, each to its own rotation of the list.
 
         A module whose previous round is still in flight is not sent: its steps carry (the node sends it once that
-        round settles, `Node._send_settled`). Without `only` (or with `new_generation`), the send opens a new
+        round settles, `RoundLoop._send_settled`). Without `only` (or with `new_generation`), the send opens a new
         generation of rounds (one chunk of inner steps): the node's round is complete once every module sent in a
         generation has settled (`poll`). Returns the modules sent."""
         self.holders = groups.holders  # the audit's group size counts these, not the size a reducer reports
