@@ -278,8 +278,8 @@ def test_a_slice_where_our_outer_gradient_is_nothing_still_takes_an_honest_mean(
 
 
 def test_a_module_whose_round_is_still_open_carries_and_goes_out_once_it_settles(spec, synthetic_docs):
-    """The rounds' side of decoupled sends (node/peer/round_loop.py `RoundLoop.run`, `_send_settled`): a send skips a module
-    whose round is still open (its steps carry), and a later send of that module alone belongs to the same chunk.
+    """The rounds' side of decoupled sends (node/peer/round_loop.py `RoundLoop.run`, `_send_settled`): a send skips a
+    module whose round is still open (its steps carry), and a later send of that module alone belongs to the same chunk.
     The node's round is complete once every module sent in a chunk has settled, whatever the next chunk has in
     flight; a checkpoint then keeps, for a module in flight, its error feedback from before that send."""
     import torch
