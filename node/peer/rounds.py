@@ -276,7 +276,12 @@ class Rounds:
                 else:
                     logger.warning("module %s round %d: not every slice applied here; checking our state against "
                                    "the group's", mid, st.round - 1)
-                self._resync_later(mid, flight.result.reducer or flight.reducer)
+                    # The hint is the reducer of a slice that told us we are out of sync: an applied slice's may
+                    # be ourselves, and then nobody is asked (a holder alone on its side of a split logged "our own
+                    # reducer disagrees" 7 rounds in a row, its own slices applied, the others "out of sync").
+                    flight = next((f for f, p in zip(item.units, parts, strict=True) if not p.applied
+                                   and f.result is not None and f.result.status == "out_of_sync"), flight)
+                self._resync_later(mid, (flight.result.reducer if flight.result else "") or flight.reducer)
             if done.reason:
                 logger.warning("module %s round %d: %s (their steps carry)", mid, st.round - 1, done.reason)
                 for flight, part in zip(item.units, parts, strict=True):

@@ -9,9 +9,10 @@ Every node announces (module, round, digest) on the DHT after each round, with t
 announce a forged digest, however many, decide nothing):
 
 - **two versions of a round** (`split_verdict`): at the earliest round both our chain and another holder's name, with
-  another digest. The version more holders vouch for wins (ties: the smaller digest, so both sides agree on it), and
-  the other side re-syncs from a winner. Compared over the chains, not only at the round each holder is at now: a
-  holder that got the result of a round its reducer died replying to goes on, and the others meet it at no round.
+  another digest. The version more holders vouch for wins (a tie: the live claimants holding a tied version weigh
+  in, then the smaller digest, so both sides agree on it), and the other side re-syncs from a winner. Compared over
+  the chains, not only at the round each holder is at now: a holder that got the result of a round its reducer died
+  replying to goes on, and the others meet it at no round.
 - **a minority ahead** (`ahead_alone`): nobody counted vouches for our state, and two or more of them, a strict
   majority, hold one older state for two grace windows (counted here: the module's live claimants too, not only the
   peers we merged with). It happens when we alone got the result of a round (its
@@ -89,12 +90,21 @@ def _latest(announced: Iterable[Announced], me: str, counted: Collection[str] | 
 
 def split_verdict(module: str, my_round: int, my_digest: str, me: str, announced: Iterable[Announced],
                   counted: Collection[str] | None = None,
-                  my_chain: Sequence[tuple[int, str]] = ()) -> Heal | None:
+                  my_chain: Sequence[tuple[int, str]] = (),
+                  claimants: Collection[str] = ()) -> Heal | None:
     """Announcements of a module → a Heal when our version lost the earliest round at which we and another counted
     holder (its state or its chain) hold different digests, else None. `counted`: the only announcers that count
-    (None: all of them); `my_chain`: (round, digest) of our states before the current one."""
+    (None: all of them); `my_chain`: (round, digest) of our states before the current one.
+
+    `claimants` (the module's live claimants) break a tie between the counted versions, and only that: each adds
+    weight to the version it holds when a counted holder holds it too (a claimant cannot bring a version of its own,
+    and the heal downloads from a counted holder). Why: a holder alone on its side counts the peers it merged with,
+    which lack a holder restarted under a new identity on the other side; 1 against 1, the smaller digest decided,
+    and the two sides stayed split until a round's coin fell against the lone holder (heals of 4 and 5 rounds,
+    benchmarks/restarts.py --kill replying), while the other side counted 2 against 1."""
     mine = {r: d for r, d in my_chain} | {my_round: my_digest}
     latest = _latest(announced, me, counted)
+    extra = {p: a for p, a in _latest(announced, me, None).items() if p in claimants and p not in latest}
     for round_ in sorted(mine):
         versions: dict[str, set[str]] = {mine[round_]: {me}}
         for peer, a in latest.items():
@@ -103,7 +113,14 @@ def split_verdict(module: str, my_round: int, my_digest: str, me: str, announced
                 versions.setdefault(held[0], set()).add(peer)
         if len(versions) < 2:
             continue
-        winner = min(versions, key=lambda d: (-len(versions[d]), d))
+        weight = {d: len(by) for d, by in versions.items()}
+        top = max(weight.values())
+        if sum(w == top for w in weight.values()) > 1:
+            for a in extra.values():
+                held = a.states().get(round_)
+                if held is not None and held[0] in weight:
+                    weight[held[0]] += 1
+        winner = min(versions, key=lambda d: (-weight[d], d))
         if winner == mine[round_]:
             return None  # the others heal to us; our later rounds follow from this one
         return Heal(module, round_, min(versions[winner]), winner, mine[round_], (my_round, my_digest))
@@ -234,12 +251,13 @@ class Splits:
                 announced, me, counted = self.sync.announced(mid, self.holders(mid), found[mid])
                 digest = mine.digest()
                 chain = [(r, d) for r, d, _ in list(self.status.chains.get(mid, ()))[:-1] if r < mine.round]
-                heal = split_verdict(mid, mine.round, digest, me, announced, counted, chain)
                 # Ahead alone is judged by every live claimant, not only those we merged with: a holder restarted
                 # under a new identity re-synced to the others' state without merging a round with us, and counted
                 # out it left one voucher of the older state, a "tie" its other holder did not see (it counts the
-                # claims): both sides kept their states for good (benchmarks/restarts.py --kill replying).
+                # claims): both sides kept their states for good (benchmarks/restarts.py --kill replying). The same
+                # claimants break a tie of two versions.
                 claimants = (set(self.holders(mid)) - {me} - set(self.status.distrusted)) | counted
+                heal = split_verdict(mid, mine.round, digest, me, announced, counted, chain, claimants)
                 merged = dict(self.status.groups.get(mid, {}))  # a copy: the training thread adds rounds
                 self.watch.observe(heal or self._ahead_for(mid, mine.round, digest, me, announced, counted,
                                                            claimants, merged))

@@ -54,6 +54,23 @@ def _groups(worker, order=("r1", "r2", "me")):
                   {})
 
 
+def _sliced_round_sent(docs, mid="L0M0"):
+    """A round of every module sent in slices: 3 members agreed ("me", "r1", "r2"), so each module in 3 slices."""
+    import dataclasses
+
+    from ..conftest import tiny_spec
+
+    spec = tiny_spec(width=64, base_width=64)
+    spec = spec.replace(averaging=dataclasses.replace(spec.averaging, slices=4))
+    rounds, worker, exchange, _ = _rounds(spec, docs)
+    agreed = ("me", "r1", "r2")
+    for m in worker.module_ids:
+        worker.outer[m] = worker.outer[m].with_reducers(agreed)
+    worker.train_inner(1)
+    rounds.send(_groups(worker, agreed))
+    return rounds, worker, exchange
+
+
 def _send(rounds, worker, groups):
     worker.train_inner(1)
     rounds.send(groups)
@@ -246,17 +263,8 @@ def test_a_slice_where_our_outer_gradient_is_nothing_still_takes_an_honest_mean(
     from pathswarm.compression import encode
     from pathswarm.protocol.rounds.slices import view
 
-    from ..conftest import tiny_spec
-
-    spec = tiny_spec(width=64, base_width=64)
-    spec = spec.replace(averaging=dataclasses.replace(spec.averaging, slices=4))
-    rounds, worker, exchange, _ = _rounds(spec, synthetic_docs)
+    rounds, worker, exchange = _sliced_round_sent(synthetic_docs)
     mid = "L0M0"
-    agreed = ("me", "r1", "r2")
-    for m in worker.module_ids:
-        worker.outer[m] = worker.outer[m].with_reducers(agreed)
-    worker.train_inner(1)
-    rounds.send(_groups(worker, agreed))
     units = [f.unit for f in rounds.in_flight[mid].units]
     assert len(units) == 3 and units[0].id == "L0M0[0/3]"  # K: one slice per member of the agreed list
     # Our slice 1 is made all zeros (as if our steps never touched it), before the send's frames are read back.
@@ -338,3 +346,32 @@ def test_round_0_is_cut_into_slices_by_the_holders_in_the_claims_each_with_its_o
     rounds, worker, exchange, _ = _rounds(tiny_spec(width=64, base_width=64), synthetic_docs)
     _send(rounds, worker, _groups(worker, genesis))
     assert [(order, unit) for order, unit, _, _ in exchange.calls if unit.startswith(mid)] == [(list(genesis), mid)]
+
+
+def test_a_slice_that_says_out_of_sync_is_where_our_state_is_checked(synthetic_docs):
+    """A round in slices where the slices we reduced ourselves applied and another reducer's answered "out of sync":
+    the check of our state goes to that reducer. It went to an applied slice's reducer, ourselves, and then nobody was
+    asked: a holder alone on its side of a split logged "our own reducer disagrees with our state" for 7 rounds in a
+    row (benchmarks/restarts.py --kill replying --debug)."""
+    import torch
+
+    from pathswarm.compression import encode
+
+    rounds, worker, exchange = _sliced_round_sent(synthetic_docs)
+    rounds.status.started_as("me")
+    exchange.take_ahead = lambda mid: None
+    mid = "L0M0"
+    flights = rounds.in_flight[mid].units
+    assert len(flights) == 3
+    rounds.auditor.record = lambda *args, **kw: ""  # the checks pass
+    for i, flight in enumerate(flights):
+        if i == 1:
+            flight.future.set_result(RoundResult(flight.unit.id, 0, "out_of_sync", reducer="r1",
+                                                 reason="state before the round differs"))
+        else:
+            mean = torch.full((flight.unit.numel,), 1e-4)
+            flight.future.set_result(RoundResult(flight.unit.id, 0, "merged", mean_frame=encode(mean), reducer="me",
+                                                 contributors=["me"], frames=(("me", 1, "h"),)))
+    rounds.poll(block=False)
+    assert mid not in rounds.in_flight
+    assert rounds.resyncs.checks() == [(mid, "r1")]

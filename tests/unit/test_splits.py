@@ -45,6 +45,27 @@ def test_a_tie_is_broken_the_same_way_on_both_sides():
     assert left is None and right is not None and right.winner == "d1" and right.peer == "a"
 
 
+def test_live_claimants_break_a_tie_of_the_holders_we_count():
+    """A lone holder (`b`, alone since its reducer died replying) counts only `a`, the peer it merged with; the other
+    side is `a` and `c`, a holder restarted under a new identity that `b` never merged with. 1 against 1, the smaller
+    digest (b's) won, and `b` stayed split while `a` and `c` (2 against 1) kept theirs: heals of 4 and 5 rounds in
+    benchmarks/restarts.py --kill replying. The live claimants decide the tie; the heal downloads from `a`."""
+    anns = [A("a", 7, "d2", chain=((6, "c6", ""),)), A("c", 7, "d2")]
+    assert split_verdict("m", 7, "d1", "b", anns, counted={"a"}) is None  # the tie: the smaller digest, ours
+    heal = split_verdict("m", 7, "d1", "b", anns, counted={"a"}, claimants={"a", "c"})
+    assert heal is not None and (heal.round, heal.winner, heal.peer) == (7, "d2", "a")
+    # the other side counts both others: 2 against 1, it keeps its version, with or without the claimants
+    assert split_verdict("m", 7, "d2", "a", anns + [A("b", 7, "d1")], counted={"b", "c"}, claimants={"b", "c"}) is None
+    # a claimant's own version, held by no counted holder, weighs nothing; nor does it decide what is not a tie
+    sybils = [A(f"s{i}", 7, "d0") for i in range(5)]
+    assert split_verdict("m", 7, "d1", "b", [anns[0], *sybils], counted={"a"},
+                         claimants={"a", *(x.peer for x in sybils)}) is None
+    more = [A("a", 7, "d1"), A("e", 7, "d1"), A("f", 7, "d2")]  # counted: d1 (b, a, e) 3 against d2 (f) 1
+    backers = [A(f"s{i}", 7, "d2") for i in range(5)]
+    assert split_verdict("m", 7, "d1", "b", more + backers, counted={"a", "e", "f"},
+                         claimants={"a", "e", "f", *(x.peer for x in backers)}) is None
+
+
 def test_each_split_round_is_healed_once():
     watch = SplitWatch()
     heal = split_verdict("m", 3, "d2", "b", [A("a", 3, "d1")])
