@@ -140,7 +140,7 @@ class Snapshots(threading.Thread):
 
 
 def run_pathswarm(spec: SwarmSpec, spec_path: Path, profile: Profile, a, work: Path) -> dict:
-    rounds = a.steps // a.inner_steps
+    rounds = (a.pathswarm_steps or a.steps) // a.inner_steps
     names = [f"n{i}" for i in range(a.nodes)]
     bootstrap = scaled(PROFILES["fiber"], path_param_count(spec), a.step["step_s"])
     with Links([bootstrap, *[profile] * a.nodes]) as net, LocalSwarm(spec_path, work / "run") as swarm:
@@ -326,6 +326,10 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--inner-steps", type=int, default=100, help="H of pathswarm and of hivemind's local updates")
     ap.add_argument("--steps", type=int, default=1200, help="inner steps per node (the same tokens for every arm)")
+    ap.add_argument("--pathswarm-steps", type=int, default=0,
+                    help="inner steps per node of the pathswarm arms (default: --steps). The lan goal is a time (to "
+                         "DDP's final loss): a run with more steps, under --time-cap, shows whether pathswarm gets "
+                         "there in time when the same tokens do not take it there")
     ap.add_argument("--accum", type=int, default=4, help="micro-steps per global step: ddp accum, hivemind")
     ap.add_argument("--grace-s", type=float, default=30.0)
     ap.add_argument("--time-cap", type=float, default=240.0, help="seconds of training per arm at most")
@@ -360,6 +364,7 @@ def main() -> None:
         batches = validation_batches(spec, val, spec.path_of_index(0), EVAL_BATCHES)
         result["config"] = {k: v for k, v in vars(a).items() if k not in ("json", "plot", "replot")} | {
             "params": params, "tokens_per_node": a.steps * a.batch_size * a.context_len,
+            "pathswarm_tokens_per_node": (a.pathswarm_steps or a.steps) * a.batch_size * a.context_len,
             "real_setting": {"params": REAL_PATH_PARAMS, "step_s": REAL_STEP_S, "what": REAL_SETTING}}
         for link in a.links.split(","):
             profile = scaled(PROFILES[link], params, a.step["step_s"])
