@@ -1,0 +1,79 @@
+"""vs_peers' `lan` goal from the algorithm's side: does DiLoCo reach synchronous training's loss in as many tokens?
+
+vs_peers.py on `lan` compares pathswarm's time to DDP's final loss with DDP's own; at H = 100 pathswarm ends far
+above it (2.05 against 1.74 at 1,200 steps). This runs the same model (vs_peers.py `make_spec`: width 128, 2 layers,
+context 64, batch 8), the same data and 8 workers in node/train/simulate.py, whose round is the node's own (int8 +
+zstd, error feedback, outer Nesterov), without a network: `sync` (the 8 workers' gradients averaged every step,
+as DDP does) and DiLoCo at each H of --inner-steps, the same --steps inner steps per worker. Each result lands
+before the next inner step here; a live decoupled node applies it a round later, so this is DiLoCo's best case.
+Curves of held-out loss against steps, and each H's steps to sync's final loss (by the curve; None if not reached).
+
+    nice -n 10 .venv/bin/python benchmarks/lan_h_sweep.py        # ≈ 9 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import types
+from multiprocessing import Pool
+from pathlib import Path
+
+import torch
+from _swarm_common import arguments, machine, write_json
+from vs_peers import make_spec
+
+from pathswarm.node.model.data import load_documents
+from pathswarm.node.train.simulate import SimConfig, run_simulation
+
+WORKERS = 8
+SYNC_EVAL_EVERY = 100
+
+
+def run_arm(job: dict) -> dict:
+    torch.set_num_threads(1)
+    a, h = types.SimpleNamespace(**job["args"]), job["h"]
+    spec, _ = make_spec(Path(tempfile.mkdtemp(prefix="lan-h-")), a)
+    every = SYNC_EVAL_EVERY if h == 0 else h
+    cfg = SimConfig(mode="sync" if h == 0 else "diloco", workers=WORKERS, rounds=a.steps // every, inner_steps=every,
+                    eval_batches=a.eval_batches, seed=0)
+    t0 = time.perf_counter()
+    res = run_simulation(spec, cfg, docs=load_documents(spec.data))
+    curve = [{"steps": r["round"] * every, "val_loss": r["val_loss"]["all"]} for r in res.rounds]
+    arm = {"arm": "sync" if h == 0 else f"diloco H={h}", "inner_steps": h or 1, "curve": curve,
+           "final_val_loss": curve[-1]["val_loss"], "wall_s": time.perf_counter() - t0}
+    print(f"{arm['arm']:14s} final {arm['final_val_loss']:.4f} ({arm['wall_s']:.0f} s)", flush=True)
+    return arm
+
+
+def steps_to(curve: list[dict], loss: float) -> float | None:
+    """Steps at which the curve first reaches `loss` (linear between points), None if it never does."""
+    for prev, cur in zip(curve, curve[1:], strict=False):
+        if cur["val_loss"] <= loss:
+            f = (prev["val_loss"] - loss) / (prev["val_loss"] - cur["val_loss"]) if prev["val_loss"] > loss else 0
+            return prev["steps"] + f * (cur["steps"] - prev["steps"])
+    return None
+
+
+def main() -> None:
+    ap = arguments(__doc__, "lan_h_sweep")
+    ap.add_argument("--inner-steps", default="10,25,50", help="comma-separated H values")
+    ap.add_argument("--steps", type=int, default=1200, help="inner steps per worker (vs_peers.py's --steps)")
+    ap.add_argument("--eval-batches", type=int, default=32, help="held-out batches at each curve point")
+    ap.add_argument("--jobs", type=int, default=2, help="arms run at once (one torch thread each)")
+    a = ap.parse_args()
+    args = {"width": 128, "layers": 2, "context_len": 64, "batch_size": 8, "inner_steps": 100, "grace_s": 30.0,
+            "nodes": WORKERS, "steps": a.steps, "eval_batches": a.eval_batches}
+    jobs = [{"args": args, "h": h} for h in [0, *(int(x) for x in a.inner_steps.split(","))]]
+    with Pool(a.jobs) as pool:
+        arms = pool.map(run_arm, jobs, chunksize=1)
+    sync = arms[0]
+    for arm in arms[1:]:
+        arm["steps_to_sync_final"] = steps_to(arm["curve"], sync["final_val_loss"])
+        arm["over_sync"] = arm["final_val_loss"] / sync["final_val_loss"]
+    write_json(a.json, {"claim": "DiLoCo at small H against synchronous training, 8 workers, vs_peers' model",
+                        "machine": machine(), "config": args | {"workers": WORKERS}, "arms": arms})
+
+
+if __name__ == "__main__":
+    main()
