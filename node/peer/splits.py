@@ -6,7 +6,8 @@ while it replies leaves one member with the round's result and another without, 
 Every node announces (module, round, digest) on the DHT after each round, with the last few states it held before
 (`ModuleAnnouncement.chain`); reading them, a node finds two kinds of split with its counted holders
 (node/peer/vouch.py: the peers it merged rounds with that still claim the module, else the claims' holders; ids that
-announce a forged digest, however many, decide nothing):
+announce a forged digest, however many, decide nothing; live claimants only break a tie between versions counted
+holders hold):
 
 - **two versions of a round** (`split_verdict`): at the earliest round both our chain and another holder's name, with
   another digest. The version more holders vouch for wins (a tie: the live claimants holding a tied version weigh
@@ -97,11 +98,11 @@ def split_verdict(module: str, my_round: int, my_digest: str, me: str, announced
     (None: all of them); `my_chain`: (round, digest) of our states before the current one.
 
     `claimants` (the module's live claimants) break a tie between the counted versions, and only that: each adds
-    weight to the version it holds when a counted holder holds it too (a claimant cannot bring a version of its own,
-    and the heal downloads from a counted holder). Why: a holder alone on its side counts the peers it merged with,
-    which lack a holder restarted under a new identity on the other side; 1 against 1, the smaller digest decided,
-    and the two sides stayed split until a round's coin fell against the lone holder (heals of 4 and 5 rounds,
-    benchmarks/restarts.py --kill replying), while the other side counted 2 against 1."""
+    weight to the version it holds when it is one of the tied versions (ours or a counted holder's: a claimant cannot
+    bring a version of its own, and the heal downloads from a counted holder). Why: a holder alone on its side counts
+    the peers it merged with, which lack a holder restarted under a new identity on the other side; 1 against 1, the
+    smaller digest decided, and the two sides stayed split until a round's coin fell against the lone holder (heals
+    of 4 and 5 rounds, benchmarks/restarts.py --kill replying), while the other side counted 2 against 1."""
     mine = {r: d for r, d in my_chain} | {my_round: my_digest}
     latest = _latest(announced, me, counted)
     extra = {p: a for p, a in _latest(announced, me, None).items() if p in claimants and p not in latest}
@@ -115,10 +116,11 @@ def split_verdict(module: str, my_round: int, my_digest: str, me: str, announced
             continue
         weight = {d: len(by) for d, by in versions.items()}
         top = max(weight.values())
-        if sum(w == top for w in weight.values()) > 1:
+        tied = {d for d, w in weight.items() if w == top}
+        if len(tied) > 1:
             for a in extra.values():
                 held = a.states().get(round_)
-                if held is not None and held[0] in weight:
+                if held is not None and held[0] in tied:
                     weight[held[0]] += 1
         winner = min(versions, key=lambda d: (-weight[d], d))
         if winner == mine[round_]:

@@ -54,7 +54,7 @@ def _groups(worker, order=("r1", "r2", "me")):
                   {})
 
 
-def _sliced_round_sent(docs, mid="L0M0"):
+def _sliced_round_sent(docs):
     """A round of every module sent in slices: 3 members agreed ("me", "r1", "r2"), so each module in 3 slices."""
     import dataclasses
 

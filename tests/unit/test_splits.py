@@ -60,6 +60,13 @@ def test_live_claimants_break_a_tie_of_the_holders_we_count():
     sybils = [A(f"s{i}", 7, "d0") for i in range(5)]
     assert split_verdict("m", 7, "d1", "b", [anns[0], *sybils], counted={"a"},
                          claimants={"a", *(x.peer for x in sybils)}) is None
+    # only the tied versions take weight: d1 (b, e) and d2 (a, c) tie at 2; five claimants behind d3 (f's) change
+    # nothing, where weighing every version made d3 win with 1 + 5
+    tie3 = [A("e", 7, "d1"), A("a", 7, "d2"), A("c", 7, "d2"), A("f", 7, "d3")]
+    backers = [A(f"s{i}", 7, "d3") for i in range(5)]
+    heal = split_verdict("m", 7, "d1", "b", tie3 + backers, counted={"a", "c", "e", "f"},
+                         claimants={"a", "c", "e", "f", *(x.peer for x in backers)})
+    assert heal is None  # the tie of d1 and d2 stands: the smaller digest, ours
     more = [A("a", 7, "d1"), A("e", 7, "d1"), A("f", 7, "d2")]  # counted: d1 (b, a, e) 3 against d2 (f) 1
     backers = [A(f"s{i}", 7, "d2") for i in range(5)]
     assert split_verdict("m", 7, "d1", "b", more + backers, counted={"a", "e", "f"},
