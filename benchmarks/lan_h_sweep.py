@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 from _swarm_common import arguments, machine, write_json
-from vs_peers import make_spec
+from vs_peers import make_spec, time_to
 
 from pathswarm.node.model.data import load_documents
 from pathswarm.node.train.simulate import SimConfig, run_simulation
@@ -33,7 +33,8 @@ SYNC_EVAL_EVERY = 100
 def run_arm(job: dict) -> dict:
     torch.set_num_threads(1)
     a, h = types.SimpleNamespace(**job["args"]), job["h"]
-    spec, _ = make_spec(Path(tempfile.mkdtemp(prefix="lan-h-")), a)
+    with tempfile.TemporaryDirectory(prefix="lan-h-") as tmp:
+        spec, _ = make_spec(Path(tmp), a)
     every = SYNC_EVAL_EVERY if h == 0 else h
     cfg = SimConfig(mode="sync" if h == 0 else "diloco", workers=WORKERS, rounds=a.steps // every, inner_steps=every,
                     eval_batches=a.eval_batches, seed=0)
@@ -44,15 +45,6 @@ def run_arm(job: dict) -> dict:
            "final_val_loss": curve[-1]["val_loss"], "wall_s": time.perf_counter() - t0}
     print(f"{arm['arm']:14s} final {arm['final_val_loss']:.4f} ({arm['wall_s']:.0f} s)", flush=True)
     return arm
-
-
-def steps_to(curve: list[dict], loss: float) -> float | None:
-    """Steps at which the curve first reaches `loss` (linear between points), None if it never does."""
-    for prev, cur in zip(curve, curve[1:], strict=False):
-        if cur["val_loss"] <= loss:
-            f = (prev["val_loss"] - loss) / (prev["val_loss"] - cur["val_loss"]) if prev["val_loss"] > loss else 0
-            return prev["steps"] + f * (cur["steps"] - prev["steps"])
-    return None
 
 
 def main() -> None:
@@ -69,7 +61,9 @@ def main() -> None:
         arms = pool.map(run_arm, jobs, chunksize=1)
     sync = arms[0]
     for arm in arms[1:]:
-        arm["steps_to_sync_final"] = steps_to(arm["curve"], sync["final_val_loss"])
+        # vs_peers' time_to on steps instead of seconds (linear between points, None if never reached)
+        arm["steps_to_sync_final"] = time_to([{"t": c["steps"], "val_loss": c["val_loss"]} for c in arm["curve"]],
+                                             sync["final_val_loss"])
         arm["over_sync"] = arm["final_val_loss"] / sync["final_val_loss"]
     write_json(a.json, {"claim": "DiLoCo at small H against synchronous training, 8 workers, vs_peers' model",
                         "machine": machine(), "config": args | {"workers": WORKERS}, "arms": arms})

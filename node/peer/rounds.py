@@ -281,7 +281,8 @@ class Rounds:
                     # reducer disagrees" 7 rounds in a row, its own slices applied, the others "out of sync").
                     flight = next((f for f, p in zip(item.units, parts, strict=True) if not p.applied
                                    and f.result is not None and f.result.status == "out_of_sync"), flight)
-                self._resync_later(mid, (flight.result.reducer if flight.result else "") or flight.reducer)
+                    assert flight.result is not None
+                self._resync_later(mid, flight.result.reducer or flight.reducer)
             if done.reason:
                 logger.warning("module %s round %d: %s (their steps carry)", mid, st.round - 1, done.reason)
                 for flight, part in zip(item.units, parts, strict=True):

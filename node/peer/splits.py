@@ -105,7 +105,7 @@ def split_verdict(module: str, my_round: int, my_digest: str, me: str, announced
     of 4 and 5 rounds, benchmarks/restarts.py --kill replying), while the other side counted 2 against 1."""
     mine = {r: d for r, d in my_chain} | {my_round: my_digest}
     latest = _latest(announced, me, counted)
-    extra = {p: a for p, a in _latest(announced, me, None).items() if p in claimants and p not in latest}
+    extra = {p: a for p, a in _latest(announced, me, claimants).items() if p not in latest}
     for round_ in sorted(mine):
         versions: dict[str, set[str]] = {mine[round_]: {me}}
         for peer, a in latest.items():
