@@ -7,12 +7,16 @@ zstd, error feedback, outer Nesterov), without a network: `sync` (the 8 workers'
 as DDP does) and DiLoCo at each H of --inner-steps, the same --steps inner steps per worker. Each result lands
 before the next inner step here; a live decoupled node applies it a round later, so this is DiLoCo's best case.
 Curves of held-out loss against steps, and each H's steps to sync's final loss (by the curve; None if not reached).
+--outer adds, for each H, arms with other outer learning rates and momenta than the spec's (0.7, 0.9), to see
+whether the gap at small H is the outer step's tuning.
 
     nice -n 10 .venv/bin/python benchmarks/lan_h_sweep.py        # ≈ 9 min on 2 cores
+    nice -n 10 .venv/bin/python benchmarks/lan_h_sweep.py --inner-steps 25 --outer 0.7/0.9,1.0/0.9,0.5/0.8
 """
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 import types
@@ -32,31 +36,44 @@ SYNC_EVAL_EVERY = 100
 
 def run_arm(job: dict) -> dict:
     torch.set_num_threads(1)
-    a, h = types.SimpleNamespace(**job["args"]), job["h"]
+    a, h, outer = types.SimpleNamespace(**job["args"]), job["h"], job.get("outer")
     with tempfile.TemporaryDirectory(prefix="lan-h-") as tmp:
         spec, _ = make_spec(Path(tmp), a)
+    if outer:
+        spec = spec.replace(outer=dataclasses.replace(spec.outer, lr=outer[0], momentum=outer[1]))
     every = SYNC_EVAL_EVERY if h == 0 else h
     cfg = SimConfig(mode="sync" if h == 0 else "diloco", workers=WORKERS, rounds=a.steps // every, inner_steps=every,
                     eval_batches=a.eval_batches, seed=0)
     t0 = time.perf_counter()
     res = run_simulation(spec, cfg, docs=load_documents(spec.data))
     curve = [{"steps": r["round"] * every, "val_loss": r["val_loss"]["all"]} for r in res.rounds]
-    arm = {"arm": "sync" if h == 0 else f"diloco H={h}", "inner_steps": h or 1, "curve": curve,
+    name = "sync" if h == 0 else f"diloco H={h}" + (f" outer {outer[0]}/{outer[1]}" if outer else "")
+    arm = {"arm": name, "inner_steps": h or 1, "outer_lr": spec.outer.lr, "outer_momentum": spec.outer.momentum,
+           "curve": curve,
            "final_val_loss": curve[-1]["val_loss"], "wall_s": time.perf_counter() - t0}
-    print(f"{arm['arm']:14s} final {arm['final_val_loss']:.4f} ({arm['wall_s']:.0f} s)", flush=True)
+    print(f"{arm['arm']:28s} final {arm['final_val_loss']:.4f} ({arm['wall_s']:.0f} s)", flush=True)
     return arm
 
 
 def main() -> None:
     ap = arguments(__doc__, "lan_h_sweep")
     ap.add_argument("--inner-steps", default="10,25,50", help="comma-separated H values")
+    ap.add_argument("--outer", default="", help="comma-separated LR/MOMENTUM pairs of the outer step, each run at "
+                    "every H (empty: the spec's only)")
     ap.add_argument("--steps", type=int, default=1200, help="inner steps per worker (vs_peers.py's --steps)")
     ap.add_argument("--eval-batches", type=int, default=32, help="held-out batches at each curve point")
     ap.add_argument("--jobs", type=int, default=2, help="arms run at once (one torch thread each)")
     a = ap.parse_args()
     args = {"width": 128, "layers": 2, "context_len": 64, "batch_size": 8, "inner_steps": 100, "grace_s": 30.0,
             "nodes": WORKERS, "steps": a.steps, "eval_batches": a.eval_batches}
-    jobs = [{"args": args, "h": h} for h in [0, *(int(x) for x in a.inner_steps.split(","))]]
+    try:
+        outers = [tuple(float(v) for v in pair.split("/")) for pair in a.outer.split(",") if pair] or [None]
+        if any(o is not None and (len(o) != 2 or o[0] <= 0 or not 0 <= o[1] < 1) for o in outers):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--outer takes LR/MOMENTUM pairs with LR > 0 and 0 <= MOMENTUM < 1, got {a.outer!r}")
+    jobs = [{"args": args, "h": 0}] + [{"args": args, "h": int(h), "outer": o}
+                                       for h in a.inner_steps.split(",") for o in outers]
     with Pool(a.jobs) as pool:
         arms = pool.map(run_arm, jobs, chunksize=1)
     sync = arms[0]

@@ -7,8 +7,8 @@ The round, as straight code in `RoundLoop.run`:
   3. the next H inner steps start at once; when a round's mean lands (checked between inner steps) it is
      settled by the round rule (node/train/round.py): outer Nesterov on the anchor, local weights shifted by
      the anchor's change so the progress made meanwhile is kept (decoupled, as in Decoupled DiLoCo);
-  4. once every module's round is settled (`RoundLoop._round_complete`): atomic checkpoint, module announcements,
-     metrics.
+  4. once every module's round is settled (`RoundLoop._round_complete`): atomic checkpoint (written on its own
+     thread), module announcements, metrics.
 A module's round r+1 goes out once its round r settled: one exchange in flight per module (a module we were late
 to goes out without waiting for the others' rounds: `run`).
 
@@ -73,13 +73,16 @@ class RoundLoop:
             chunk_tokens = 0
             # A round resumed after a restart (node/peer/resume.py) already has some of its steps.
             for i in range(min(self.partial.take_resumed_steps(), H - 1), H):
+                if i == H - 1 and not self.cfg.sync_rounds:
+                    self.seat.prefetch_for_send(CLAIMS_READ_S)  # the send's claims read, answered while we train
                 t_step = time.perf_counter()
                 stats = self.worker.train_inner(1)
                 losses.extend(stats.losses)
                 chunk_tokens += stats.tokens
                 pace(t_step, stats.tokens, self.cfg.max_tokens_per_s, self.stop_event)
                 self.status.stepped(self.worker.inner_step, losses[-1], stats.tokens)  # as round_tokens counts them
-                self.partial.maybe_save(self.save_partial, self.work)
+                if not self.checkpoints.writing():  # saved against anchors on disk only (Checkpoints.writing)
+                    self.partial.maybe_save(self.save_partial, self.work)
                 if self.worker.inner_step % 10 == 0:
                     with self.work("status"):
                         self.write_status()
@@ -217,8 +220,8 @@ class RoundLoop:
             self.seat.trained_first_round()  # our claim says so at once: from now on we may reduce
         for mid in self.exchange.take_behind():
             self.sync.behind(mid, self.seat.holders(mid), self.rounds.resyncs)
-        with self.work("checkpoint"):
-            self.checkpoints.save(self.worker, self.counts(), self.rounds.residuals_before_send())
+        with self.work("checkpoint"):  # the states copied here, the files written meanwhile (node/peer/checkpoints.py)
+            self.checkpoints.save(self.worker, self.counts(), self.rounds.residuals_before_send(), background=True)
         self.partial.renew_next_step()
         if self.announcer is not None:
             with self.work("announce"):

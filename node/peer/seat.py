@@ -125,6 +125,11 @@ class Seat:
         self.stop_event.wait(max(0.0, self._read_not_before - time.monotonic()))
         self.refresh(timeout_s)
 
+    def prefetch_for_send(self, timeout_s: float | None = None) -> None:
+        """Start the read of the claims the next `refresh_for_send` uses (Claims.prefetch), if it may read by then."""
+        if self.claims is not None and time.monotonic() >= self._read_not_before:
+            self.claims.prefetch(timeout_s)
+
     def refresh(self, timeout_s: float | None = None) -> None:
         """Read the claims (past timeout_s the last view serves: counted as a late read)."""
         if self.claims is not None and not self.claims.refresh_for_send(timeout_s):
