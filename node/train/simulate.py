@@ -5,7 +5,8 @@ node/train/round.py — contribution, close, settle — are the very code the no
 - `diloco`: N workers train replicas of one path on i.i.d. shards of all documents; every H inner
   steps each module's outer gradients are encoded (error feedback), merged by the reducer's robust
   token-weighted rule into one encoded mean, and every worker decodes it and applies the outer
-  Nesterov step. Every holder is in every round, and each result lands before the next inner step.
+  Nesterov step. Every holder is in every round, and each result lands before the next inner step
+  (`overlap`: after the next H inner steps, as on a decoupled node whose round is still in flight then).
 - `dipaco`: workers are assigned to paths round-robin (one per path by default); each trains on the
   documents the router sends to its path; each module is averaged only among the workers holding it.
 - `sync`: synchronous data-parallel: N workers' gradients averaged every inner step, one AdamW, the
@@ -69,10 +70,17 @@ class SimConfig:
     """Documents of the generated corpus when the spec's data.corpus is 'synthetic'."""
     checkpoint_dir: str = ""
     """Write a checkpoint of every module here at the end ('' for none)."""
+    overlap: bool = False
+    """Local-SGD modes: each round's result is applied after the next round's H inner steps, not before them (the
+    latest a decoupled node applies a round: it sends round r + 1 once round r settled, and trains on meanwhile),
+    keeping the steps trained meanwhile on top of it as the node does (node/train/round.py `settle`). The last round
+    lands at once. Validation then scores the anchors (the state a node's checkpoint holds), not the local weights."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.overlap and self.mode == "sync":
+            raise ValueError("overlap applies to the local-SGD modes (diloco, dipaco), not sync")
         for name in ("workers", "inner_steps", "lr"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -228,6 +236,7 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
     emit("start", {"val_loss": result.val_loss_before, "workers": len(workers)})
     # (worker, module) → tokens whose steps a late or failed round left in the worker's local weights
     carry: dict[tuple[str, str], int] = {}
+    in_flight: dict[str, _Closed] = {}  # overlap: module → its last round, closed, applied after the next chunk
     for r in range(cfg.rounds):
         train_loss: dict[str, list[float]] = {}
         t_inner = time.perf_counter()
@@ -241,7 +250,14 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
             holders = [w for w in workers if mid in w.module_ids]  # canonical order: worker index
             if not holders:
                 continue
-            round_bytes += _sim_round(spec, mid, r, holders, carry, result, tamper, workers)
+            if mid in in_flight:  # round r - 1 lands now, after chunk r: its steps stay on top of it
+                _settle_sim_round(spec, in_flight.pop(mid), carry, result)
+            closed = _close_sim_round(spec, mid, r, holders, carry, result, tamper, workers)
+            round_bytes += closed.bytes
+            if cfg.overlap and r < cfg.rounds - 1:
+                in_flight[mid] = closed
+            else:
+                _settle_sim_round(spec, closed, carry, result)
             identical &= len({w.digest(mid) for w in holders}) == 1
         if cfg.checkpoint_dir and r == cfg.rounds - 1:
             first_holder = {mid: next(w for w in workers if mid in w.module_ids)
@@ -255,7 +271,7 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
         result.bytes_sent_total += round_bytes
         result.ddp_fp32_bytes_equivalent += _ddp_bytes(workers, H)
         result.replicas_identical &= identical
-        val = evaluator.losses(models)
+        val = _anchor_losses(evaluator, models, workers) if cfg.overlap else evaluator.losses(models)
         row = {"round": r + 1, "train_loss": {p: sum(v) / len(v) for p, v in train_loss.items()},
                "val_loss": val, "tokens": result.tokens_total, "bytes_sent": round_bytes,
                "replicas_identical": identical}
@@ -264,12 +280,43 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
     result.val_loss_after = result.rounds[-1]["val_loss"]
 
 
-def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], carry: dict[tuple[str, str], int],
-               result: SimResult, tamper: Tamper | None, workers: list[PathWorker]) -> int:
+def _anchor_losses(evaluator: RoutedEval, models: dict[tuple[int, ...], PathModel],
+                   workers: list[PathWorker]) -> dict[str, float]:
+    """The evaluator's losses of the evaluated workers' anchors (their local weights put back afterwards)."""
+    evaluated = [w for w in workers if models.get(w.path) is w.model]
+    saved = {(w.name, mid): w.flat(mid).clone() for w in evaluated for mid in w.module_ids}
+    for w in evaluated:
+        for mid in w.module_ids:
+            w.set_flat(mid, w.outer[mid].anchor)
+    try:
+        return evaluator.losses(models)
+    finally:
+        for w in evaluated:
+            for mid in w.module_ids:
+                w.set_flat(mid, saved[(w.name, mid)])
+
+
+@dataclass
+class _Closed:
+    """A module's round closed by the reducer(s), not yet settled by its holders."""
+
+    mid: str
+    holders: list[PathWorker]
+    units: list
+    sent: dict[str, list]
+    tokens: dict[str, int]
+    own_norm: dict[str, float]
+    closes: list[tuple]
+    bytes: int
+
+
+def _close_sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker],
+                     carry: dict[tuple[str, str], int], result: SimResult, tamper: Tamper | None,
+                     workers: list[PathWorker]) -> _Closed:
     """One module's outer round among its holders, by the node's own rule (protocol/rounds/rule.py and
-    node/train/round.py): every holder makes a contribution, the round closes over all of them (the reducer's merge
-    and one encoded mean; per slice when the spec cuts rounds into slices, protocol/rounds/slices.py), and every
-    holder settles the result. Returns the bytes that would cross the wire."""
+    node/train/round.py): every holder makes a contribution and the round closes over all of them (the reducer's
+    merge and one encoded mean; per slice when the spec cuts rounds into slices, protocol/rounds/slices.py);
+    `_settle_sim_round` then has every holder settle the result."""
     t_round = time.perf_counter()
     first = holders[0].outer[mid]
     numel = first.anchor.numel()
@@ -299,8 +346,17 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
         # Every other holder sends its frame to the reducer and gets the encoded mean back.
         up += sum(len(f) for name, f in frames.items() if name != reducer)
         down += len(closed.mean_frame) * (len(frames) - 1)
+    result.bytes_up_total += up
+    result.bytes_down_total += down
+    result.round_s += time.perf_counter() - t_round
+    return _Closed(mid, holders, units, sent, tokens, own_norm, closes, up + down)
+
+
+def _settle_sim_round(spec: SwarmSpec, c: _Closed, carry: dict[tuple[str, str], int], result: SimResult) -> None:
+    """Every holder of a closed round settles it on its local weights as they are now."""
+    t_round = time.perf_counter()
+    mid, holders, units, sent, closes = c.mid, c.holders, c.units, c.sent, c.closes
     for w in holders:
-        # No overlap in the simulator: the result lands before the next inner step.
         state, local = w.outer[mid], w.flat(mid)
         parts = []
         for j, (unit, (closed, reducer, following)) in enumerate(zip(units, closes, strict=True)):
@@ -312,12 +368,13 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
             # the member's bound is the whole module's, as the node's (node/peer/rounds.py `_check_unit`)
             parts.append(settle(piece, mine, local[unit.lo:unit.hi], status, piece.round, closed.mean_frame,
                                 closed.digest_after, spec.outer, codec=spec.codec, next_reducers=following,
-                                bound=None if w.name == reducer else mean_bound(own_norm[w.name], mine.tokens,
+                                bound=None if w.name == reducer else mean_bound(c.own_norm[w.name], mine.tokens,
                                                                                 reference_norm(state), spec,
                                                                                 len(closed.used))))
             if parts[-1].lie:  # the members' bound holds every honest round: the simulator runs none other
-                raise AssertionError(f"{unit.id} round {r}: an honest mean broke {w.name}'s bound: {parts[-1].lie}")
-        sliced = settle_slices(state, units, parts, local, tokens[w.name])
+                raise AssertionError(f"{unit.id} round {piece.round}: an honest mean broke {w.name}'s bound: "
+                                     f"{parts[-1].lie}")
+        sliced = settle_slices(state, units, parts, local, c.tokens[w.name])
         done = sliced.settlement
         if done.state is not None:
             w.outer[mid] = done.state
@@ -328,10 +385,7 @@ def _sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker], car
             carry[(w.name, mid)] = done.carried_tokens
     if any(closed.mean_frame for closed, _, _ in closes):
         result.history.setdefault(mid, {})[str(holders[0].outer[mid].round)] = holders[0].digest(mid)
-    result.bytes_up_total += up
-    result.bytes_down_total += down
     result.round_s += time.perf_counter() - t_round
-    return up + down
 
 
 def _ddp_bytes(workers: list[PathWorker], H: int) -> int:

@@ -24,6 +24,25 @@ def test_diloco_loss_falls_and_replicas_agree(spec, synthetic_docs):
     assert result.ddp_fp32_bytes_equivalent > 20 * result.bytes_sent_total
 
 
+def test_overlapped_rounds_land_a_chunk_late_and_the_last_one_at_once(spec, synthetic_docs):
+    """overlap: a round's mean is applied after the next chunk's steps (on top of them), so the run differs from the
+    plain one from round 2 on, yet every round is applied, replicas agree, and the run still learns."""
+    cfg = dict(mode="diloco", workers=3, rounds=4, inner_steps=6, eval_batches=2)
+    plain = run_simulation(spec, SimConfig(**cfg), docs=synthetic_docs)
+    late = run_simulation(spec, SimConfig(**cfg, overlap=True), docs=synthetic_docs)
+    assert late.replicas_identical and late.tokens_total == plain.tokens_total
+    assert all(max(map(int, h)) == cfg["rounds"] for h in plain.history.values())
+    assert set(late.history) == set(plain.history)
+    assert all(max(map(int, h)) == cfg["rounds"] for h in late.history.values())  # the last round landed too
+    # Round 1's row: plain applied round 1; overlapped, nothing yet (the anchors are round 0's).
+    assert late.rounds[0]["val_loss"]["all"] == pytest.approx(late.val_loss_before["all"])
+    assert plain.rounds[0]["val_loss"]["all"] < plain.val_loss_before["all"]
+    assert late.val_loss_after["all"] != plain.val_loss_after["all"]
+    assert late.val_loss_after["all"] < 0.8 * late.val_loss_before["all"]
+    with pytest.raises(ValueError, match="overlap"):
+        SimConfig(mode="sync", overlap=True)
+
+
 def test_dipaco_averages_each_module_only_among_its_holders(spec, synthetic_docs):
     events = []
     result = run_simulation(spec, SimConfig(mode="dipaco", rounds=2, inner_steps=5, eval_batches=2),
