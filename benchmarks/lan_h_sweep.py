@@ -8,10 +8,13 @@ as DDP does) and DiLoCo at each H of --inner-steps, the same --steps inner steps
 before the next inner step here; a live decoupled node applies it a round later, so this is DiLoCo's best case.
 Curves of held-out loss against steps, and each H's steps to sync's final loss (by the curve; None if not reached).
 --outer adds, for each H, arms with other outer learning rates and momenta than the spec's (0.7, 0.9), to see
-whether the gap at small H is the outer step's tuning.
+whether the gap at small H is the outer step's tuning. --overlap both (or only) adds (runs only) each arm with
+the simulator's `overlap`: a round's mean applied after the next H steps, as a decoupled node applies it at the
+latest, instead of before them.
 
     nice -n 10 .venv/bin/python benchmarks/lan_h_sweep.py        # ≈ 9 min on 2 cores
     nice -n 10 .venv/bin/python benchmarks/lan_h_sweep.py --inner-steps 25 --outer 0.7/0.9,1.0/0.9,0.5/0.8
+    nice -n 10 .venv/bin/python benchmarks/lan_h_sweep.py --inner-steps 10 --overlap both
 """
 
 from __future__ import annotations
@@ -36,19 +39,21 @@ SYNC_EVAL_EVERY = 100
 
 def run_arm(job: dict) -> dict:
     torch.set_num_threads(1)
-    a, h, outer = types.SimpleNamespace(**job["args"]), job["h"], job.get("outer")
+    a, h, outer, overlap = types.SimpleNamespace(**job["args"]), job["h"], job.get("outer"), job.get("overlap", False)
     with tempfile.TemporaryDirectory(prefix="lan-h-") as tmp:
         spec, _ = make_spec(Path(tmp), a)
     if outer:
         spec = spec.replace(outer=dataclasses.replace(spec.outer, lr=outer[0], momentum=outer[1]))
     every = SYNC_EVAL_EVERY if h == 0 else h
     cfg = SimConfig(mode="sync" if h == 0 else "diloco", workers=WORKERS, rounds=a.steps // every, inner_steps=every,
-                    eval_batches=a.eval_batches, seed=0)
+                    eval_batches=a.eval_batches, seed=0, overlap=overlap)
     t0 = time.perf_counter()
     res = run_simulation(spec, cfg, docs=load_documents(spec.data))
     curve = [{"steps": r["round"] * every, "val_loss": r["val_loss"]["all"]} for r in res.rounds]
-    name = "sync" if h == 0 else f"diloco H={h}" + (f" outer {outer[0]}/{outer[1]}" if outer else "")
+    name = "sync" if h == 0 else f"diloco H={h}" + (f" outer {outer[0]}/{outer[1]}" if outer else "") \
+        + (" overlap" if overlap else "")
     arm = {"arm": name, "inner_steps": h or 1, "outer_lr": spec.outer.lr, "outer_momentum": spec.outer.momentum,
+           "overlap": overlap,
            "curve": curve,
            "final_val_loss": curve[-1]["val_loss"], "wall_s": time.perf_counter() - t0}
     print(f"{arm['arm']:28s} final {arm['final_val_loss']:.4f} ({arm['wall_s']:.0f} s)", flush=True)
@@ -60,6 +65,9 @@ def main() -> None:
     ap.add_argument("--inner-steps", default="10,25,50", help="comma-separated H values")
     ap.add_argument("--outer", default="", help="comma-separated LR/MOMENTUM pairs of the outer step, each run at "
                     "every H (empty: the spec's only)")
+    ap.add_argument("--overlap", choices=("no", "both", "only"), default="no",
+                    help="DiLoCo arms with each mean applied after the next H steps: none, besides the plain ones, or "
+                    "instead of them")
     ap.add_argument("--steps", type=int, default=1200, help="inner steps per worker (vs_peers.py's --steps)")
     ap.add_argument("--eval-batches", type=int, default=32, help="held-out batches at each curve point")
     ap.add_argument("--jobs", type=int, default=2, help="arms run at once (one torch thread each)")
@@ -72,8 +80,9 @@ def main() -> None:
             raise ValueError
     except ValueError:
         ap.error(f"--outer takes LR/MOMENTUM pairs with LR > 0 and 0 <= MOMENTUM < 1, got {a.outer!r}")
-    jobs = [{"args": args, "h": 0}] + [{"args": args, "h": int(h), "outer": o}
-                                       for h in a.inner_steps.split(",") for o in outers]
+    overlaps = {"no": [False], "both": [False, True], "only": [True]}[a.overlap]
+    jobs = [{"args": args, "h": 0}] + [{"args": args, "h": int(h), "outer": o, "overlap": ov}
+                                       for h in a.inner_steps.split(",") for o in outers for ov in overlaps]
     with Pool(a.jobs) as pool:
         arms = pool.map(run_arm, jobs, chunksize=1)
     sync = arms[0]

@@ -55,7 +55,7 @@ from pathswarm.node.peer.node import validation_batches
 from pathswarm.node.train.checkpoint import load_checkpoint
 from pathswarm.node.train.evaluate import model_from_checkpoint
 from pathswarm.node.train.inner import evaluate_loss
-from pathswarm.protocol.spec import AveragingSpec, CodecSpec, InnerOptSpec, ModelSpec, SwarmSpec
+from pathswarm.protocol.spec import AveragingSpec, CodecSpec, InnerOptSpec, ModelSpec, OuterOptSpec, SwarmSpec
 from tests.links import PROFILES, REAL_PATH_PARAMS, REAL_SETTING, REAL_STEP_S, Links, Profile, unavailable
 
 BASELINES = REPO / "benchmarks" / "_baselines.py"
@@ -74,12 +74,18 @@ def make_spec(directory: Path, a, codec: CodecSpec | None = None, name: str = "v
                                      context_len=a.context_len),
                      inner=InnerOptSpec(steps=a.inner_steps, batch_size=a.batch_size),
                      codec=codec or CodecSpec(),
+                     outer=OuterOptSpec(lr=getattr(a, "outer_lr", None) or OuterOptSpec.lr,
+                                        momentum=_or(getattr(a, "outer_momentum", None), OuterOptSpec.momentum)),
                      averaging=AveragingSpec(grace_s=a.grace_s, timeout_s=120.0, claim_ttl_s=30.0, slices=a.nodes))
     spec = init_spec(base, load_documents(base.data))
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.toml"
     path.write_text(spec.to_toml())
     return spec, path
+
+
+def _or(value, default):
+    return default if value is None else value
 
 
 def step_time(spec_path: Path, spec: SwarmSpec, nodes: int, work: Path, steps: int = 40) -> dict:
@@ -330,6 +336,10 @@ def main() -> None:
                     help="inner steps per node of the pathswarm arms (default: --steps). The lan goal is a time (to "
                          "DDP's final loss): a run with more steps, under --time-cap, shows whether pathswarm gets "
                          "there in time when the same tokens do not take it there")
+    ap.add_argument("--outer-lr", type=float, default=None, help=f"the pathswarm arms' outer learning rate "
+                    f"(default: the spec's, {OuterOptSpec.lr})")
+    ap.add_argument("--outer-momentum", type=float, default=None, help=f"their outer momentum (default: the spec's, "
+                    f"{OuterOptSpec.momentum}); benchmarks/lan_h_sweep.py --overlap measures settings for small H")
     ap.add_argument("--accum", type=int, default=4, help="micro-steps per global step: ddp accum, hivemind")
     ap.add_argument("--grace-s", type=float, default=30.0)
     ap.add_argument("--time-cap", type=float, default=240.0, help="seconds of training per arm at most")
