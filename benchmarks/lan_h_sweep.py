@@ -8,13 +8,13 @@ as DDP does) and DiLoCo at each H of --inner-steps, the same --steps inner steps
 before the next inner step here; a live decoupled node applies it a round later, so this is DiLoCo's best case.
 Curves of held-out loss against steps, and each H's steps to sync's final loss (by the curve; None if not reached).
 --outer adds, for each H, arms with other outer learning rates and momenta than the spec's (0.7, 0.9), to see
-whether the gap at small H is the outer step's tuning. --overlap both (or only) adds (runs only) each arm with
-the simulator's `overlap`: a round's mean applied after the next H steps, as a decoupled node applies it at the
-latest, instead of before them.
+whether the gap at small H is the outer step's tuning. --overlap runs each arm at each of the given shares of the
+simulator's `overlap`: a round's mean applied after that share of the next H steps (1: after all of them, the latest
+a decoupled node applies it; 0: before them, DiLoCo's own schedule).
 
     nice -n 10 .venv/bin/python benchmarks/lan_h_sweep.py        # ≈ 9 min on 2 cores
     nice -n 10 .venv/bin/python benchmarks/lan_h_sweep.py --inner-steps 25 --outer 0.7/0.9,1.0/0.9,0.5/0.8
-    nice -n 10 .venv/bin/python benchmarks/lan_h_sweep.py --inner-steps 10 --overlap both
+    nice -n 10 .venv/bin/python benchmarks/lan_h_sweep.py --inner-steps 10 --overlap 0,0.5,1
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ SYNC_EVAL_EVERY = 100
 
 def run_arm(job: dict) -> dict:
     torch.set_num_threads(1)
-    a, h, outer, overlap = types.SimpleNamespace(**job["args"]), job["h"], job.get("outer"), job.get("overlap", False)
+    a, h, outer, overlap = types.SimpleNamespace(**job["args"]), job["h"], job.get("outer"), job.get("overlap", 0.0)
     with tempfile.TemporaryDirectory(prefix="lan-h-") as tmp:
         spec, _ = make_spec(Path(tmp), a)
     if outer:
@@ -51,7 +51,7 @@ def run_arm(job: dict) -> dict:
     res = run_simulation(spec, cfg, docs=load_documents(spec.data))
     curve = [{"steps": r["round"] * every, "val_loss": r["val_loss"]["all"]} for r in res.rounds]
     name = "sync" if h == 0 else f"diloco H={h}" + (f" outer {outer[0]}/{outer[1]}" if outer else "") \
-        + (" overlap" if overlap else "")
+        + (f" overlap {overlap:g}" if overlap else "")
     arm = {"arm": name, "inner_steps": h or 1, "outer_lr": spec.outer.lr, "outer_momentum": spec.outer.momentum,
            "overlap": overlap,
            "curve": curve,
@@ -65,9 +65,9 @@ def main() -> None:
     ap.add_argument("--inner-steps", default="10,25,50", help="comma-separated H values")
     ap.add_argument("--outer", default="", help="comma-separated LR/MOMENTUM pairs of the outer step, each run at "
                     "every H (empty: the spec's only)")
-    ap.add_argument("--overlap", choices=("no", "both", "only"), default="no",
-                    help="DiLoCo arms with each mean applied after the next H steps: none, besides the plain ones, or "
-                    "instead of them")
+    ap.add_argument("--overlap", default="0", help="comma-separated shares of the next round's H steps trained "
+                    "before a round's mean lands, each run at every H (0: DiLoCo's schedule; 1: a decoupled node's "
+                    "latest)")
     ap.add_argument("--steps", type=int, default=1200, help="inner steps per worker (vs_peers.py's --steps)")
     ap.add_argument("--eval-batches", type=int, default=32, help="held-out batches at each curve point")
     ap.add_argument("--jobs", type=int, default=2, help="arms run at once (one torch thread each)")
@@ -80,7 +80,12 @@ def main() -> None:
             raise ValueError
     except ValueError:
         ap.error(f"--outer takes LR/MOMENTUM pairs with LR > 0 and 0 <= MOMENTUM < 1, got {a.outer!r}")
-    overlaps = {"no": [False], "both": [False, True], "only": [True]}[a.overlap]
+    try:
+        overlaps = [float(x) for x in a.overlap.split(",")]
+        if not overlaps or any(not 0 <= x <= 1 for x in overlaps):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--overlap takes shares in [0, 1], got {a.overlap!r}")
     jobs = [{"args": args, "h": 0}] + [{"args": args, "h": int(h), "outer": o, "overlap": ov}
                                        for h in a.inner_steps.split(",") for o in outers for ov in overlaps]
     with Pool(a.jobs) as pool:

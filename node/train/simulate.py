@@ -6,7 +6,8 @@ node/train/round.py — contribution, close, settle — are the very code the no
   steps each module's outer gradients are encoded (error feedback), merged by the reducer's robust
   token-weighted rule into one encoded mean, and every worker decodes it and applies the outer
   Nesterov step. Every holder is in every round, and each result lands before the next inner step
-  (`overlap`: after the next H inner steps, as on a decoupled node whose round is still in flight then).
+  (`overlap`: after a share of the next round's H inner steps, as on a decoupled node whose round is in flight
+  meanwhile).
 - `dipaco`: workers are assigned to paths round-robin (one per path by default); each trains on the
   documents the router sends to its path; each module is averaged only among the workers holding it.
 - `sync`: synchronous data-parallel: N workers' gradients averaged every inner step, one AdamW, the
@@ -70,15 +71,19 @@ class SimConfig:
     """Documents of the generated corpus when the spec's data.corpus is 'synthetic'."""
     checkpoint_dir: str = ""
     """Write a checkpoint of every module here at the end ('' for none)."""
-    overlap: bool = False
-    """Local-SGD modes: each round's result is applied after the next round's H inner steps, not before them (the
-    latest a decoupled node applies a round: it sends round r + 1 once round r settled, and trains on meanwhile),
-    keeping the steps trained meanwhile on top of it as the node does (node/train/round.py `settle`). The last round
-    lands at once. Validation then scores the anchors (the state a node's checkpoint holds), not the local weights."""
+    overlap: float = 0.0
+    """Local-SGD modes: the share of the next round's H inner steps trained before a round's result is applied (0:
+    before the next step; 1: after all H of them, the latest a decoupled node applies a round, since it sends round
+    r + 1 once round r settled). The steps trained meanwhile stay on top of the result, as on the node
+    (node/train/round.py `settle`); on a node the share is about the round's time on the wire ÷ the time of H steps.
+    The last round lands at once. With overlap, validation scores the anchors (the state a node's checkpoint holds),
+    not the local weights."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not 0.0 <= self.overlap <= 1.0:
+            raise ValueError(f"overlap must be in [0, 1], got {self.overlap}")
         if self.overlap and self.mode == "sync":
             raise ValueError("overlap applies to the local-SGD modes (diloco, dipaco), not sync")
         for name in ("workers", "inner_steps", "lr"):
@@ -239,19 +244,25 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
     in_flight: dict[str, _Closed] = {}  # overlap: module → its last round, closed, applied after the next chunk
     for r in range(cfg.rounds):
         train_loss: dict[str, list[float]] = {}
-        t_inner = time.perf_counter()
+        losses: dict[int, list[float]] = {i: [] for i in range(len(workers))}
+        before_landing = round(cfg.overlap * H) if in_flight else H
+        for part, steps in enumerate((before_landing, H - before_landing)):
+            if part == 1 and in_flight:  # round r - 1 lands now: the steps trained so far stay on top of it
+                for mid in list(in_flight):
+                    _settle_sim_round(spec, in_flight.pop(mid), carry, result)
+            t_inner = time.perf_counter()
+            for i, w in enumerate(workers):
+                if steps:
+                    losses[i] += w.train_inner(steps, on_step=partial(_emit_inner_step, emit, i)).losses
+            result.inner_s += time.perf_counter() - t_inner
         for i, w in enumerate(workers):
-            stats = w.train_inner(H, on_step=partial(_emit_inner_step, emit, i))
-            train_loss.setdefault(format_path(w.path), []).append(sum(stats.losses[-10:]) / len(stats.losses[-10:]))
-        result.inner_s += time.perf_counter() - t_inner
+            train_loss.setdefault(format_path(w.path), []).append(sum(losses[i][-10:]) / len(losses[i][-10:]))
         round_bytes = 0
         identical = True
         for mid in spec.all_module_ids():
             holders = [w for w in workers if mid in w.module_ids]  # canonical order: worker index
             if not holders:
                 continue
-            if mid in in_flight:  # round r - 1 lands now, after chunk r: its steps stay on top of it
-                _settle_sim_round(spec, in_flight.pop(mid), carry, result)
             closed = _close_sim_round(spec, mid, r, holders, carry, result, tamper, workers)
             round_bytes += closed.bytes
             if cfg.overlap and r < cfg.rounds - 1:

@@ -25,11 +25,15 @@ def test_diloco_loss_falls_and_replicas_agree(spec, synthetic_docs):
 
 
 def test_overlapped_rounds_land_a_chunk_late_and_the_last_one_at_once(spec, synthetic_docs):
-    """overlap: a round's mean is applied after the next chunk's steps (on top of them), so the run differs from the
-    plain one from round 2 on, yet every round is applied, replicas agree, and the run still learns."""
+    """overlap: a round's mean is applied after a share of the next chunk's steps (on top of them), so the run differs
+    from the plain one from round 2 on, and with the share, yet every round is applied, replicas agree, and the run
+    still learns."""
     cfg = dict(mode="diloco", workers=3, rounds=4, inner_steps=6, eval_batches=2)
     plain = run_simulation(spec, SimConfig(**cfg), docs=synthetic_docs)
-    late = run_simulation(spec, SimConfig(**cfg, overlap=True), docs=synthetic_docs)
+    late = run_simulation(spec, SimConfig(**cfg, overlap=1.0), docs=synthetic_docs)
+    half = run_simulation(spec, SimConfig(**cfg, overlap=0.5), docs=synthetic_docs)
+    assert half.replicas_identical and len({plain.val_loss_after["all"], half.val_loss_after["all"],
+                                            late.val_loss_after["all"]}) == 3
     assert late.replicas_identical and late.tokens_total == plain.tokens_total
     assert all(max(map(int, h)) == cfg["rounds"] for h in plain.history.values())
     assert set(late.history) == set(plain.history)
@@ -40,7 +44,9 @@ def test_overlapped_rounds_land_a_chunk_late_and_the_last_one_at_once(spec, synt
     assert late.val_loss_after["all"] != plain.val_loss_after["all"]
     assert late.val_loss_after["all"] < 0.8 * late.val_loss_before["all"]
     with pytest.raises(ValueError, match="overlap"):
-        SimConfig(mode="sync", overlap=True)
+        SimConfig(mode="sync", overlap=1.0)
+    with pytest.raises(ValueError, match="overlap"):
+        SimConfig(mode="diloco", overlap=1.5)
 
 
 def test_dipaco_averages_each_module_only_among_its_holders(spec, synthetic_docs):
