@@ -42,9 +42,14 @@ class LatestWriter:
     def submit(self, job: object) -> None:
         with self._cv:
             self._pending = job
-            if not self._busy:
-                self._busy = True
-                threading.Thread(target=self._run, name=self._name, daemon=True).start()
+            if self._busy:
+                return
+            self._busy = True
+        try:
+            threading.Thread(target=self._run, name=self._name, daemon=True).start()
+        except RuntimeError:  # no thread to be had (a process at its limit): written here, as before the writer
+            logger.warning("%s: no thread; writing on the caller's", self._name)
+            self._run()
 
     def busy(self) -> bool:
         """A job is being written or waits to be."""
@@ -59,17 +64,25 @@ class LatestWriter:
             return self._cv.wait_for(lambda: not self._busy, timeout_s)
 
     def _run(self) -> None:
-        while True:
-            with self._cv:
-                job, self._pending = self._pending, None
-                if job is None:
+        idle = False
+        try:
+            while True:
+                with self._cv:
+                    job, self._pending = self._pending, None
+                    if job is None:  # idle, in the same hold of the lock as the last look: no job is left behind
+                        self._busy = False
+                        self._cv.notify_all()
+                        idle = True
+                        return
+                try:
+                    self._write(job)
+                except Exception:  # the next job (the next round) tries again; the last complete one stays on disk
+                    logger.exception("%s failed", self._name)
+        finally:
+            if not idle:  # ended by something else (a BaseException): waiters released, the next submit starts anew
+                with self._cv:
                     self._busy = False
                     self._cv.notify_all()
-                    return
-            try:
-                self._write(job)
-            except Exception:  # the next job (the next round) tries again; the last complete one stays on disk
-                logger.exception("%s failed", self._name)
 
 
 class Checkpoints:
@@ -149,8 +162,9 @@ class Checkpoints:
         (a round in progress saved now would name anchors no checkpoint holds, and a restart would not resume it)."""
         return self._writer.busy()
 
-    def finish(self, timeout_s: float) -> bool:
-        """Wait (at most timeout_s) for the background checkpoint to be on disk; False if it is not yet."""
+    def finish(self, timeout_s: float | None) -> bool:
+        """Wait (at most timeout_s; None: as long as it takes) for the background checkpoint to be on disk; False if
+        it is not yet."""
         return self._writer.wait(timeout_s)
 
     def _write(self, job: tuple[int, dict, dict]) -> None:

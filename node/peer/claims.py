@@ -168,7 +168,10 @@ class Claims:
         view = view_of(claims, self.spec, self.module_ids, self.sdht.peer_id)
         with self._view_lock:
             if started < self._view_started:
-                return  # a read that began earlier (and waited on a dead peer) must not replace a fresher view
+                # a read that began earlier (and waited on a dead peer) must not replace a fresher view; the groups
+                # are derived again all the same, with our round as of now
+                self._derive()
+                return
             self._view, self._view_started = view, started
             self._derive()
 
@@ -189,6 +192,11 @@ class Claims:
                 read.set_exception(e)
 
         threading.Thread(target=run, name="claims-prefetch", daemon=True).start()
+
+    def drop_prefetch(self) -> None:
+        """Forget a read `prefetch` started: the next send reads anew (its answer, if it comes, is dropped)."""
+        with self._view_lock:
+            self._prefetched = None
 
     def refresh_for_send(self, timeout_s: float | None = None) -> bool:
         """`refresh` before a round is sent, never raising: when the read takes over timeout_s (a lookup that met a

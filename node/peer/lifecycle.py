@@ -46,9 +46,10 @@ def pick_device(device: str) -> str:
 STOP_SETTLE_S = 0.5
 """How long a node asked to stop waits for its open rounds' results before it leaves (a run that ends as planned
 waits the grace window)."""
-LEAVE_CHECKPOINT_S = 120.0
-"""How long a node leaving after an error waits for the round checkpoint being written in the background (a large
-path's files take seconds to tens of seconds; a run that ends as planned writes its last one in place)."""
+CHECKPOINT_WAIT_S = 120.0
+"""The longest the training thread waits for the round checkpoint being written in the background: when leaving after
+an error (a run that ends as planned writes its last one in place), and when the round in progress is overdue for a
+save that waits for it (RoundLoop.run). A large path's files take seconds to tens of seconds."""
 SECOND_SIGNAL_EXIT = 130
 """Exit code of a node stopped by a second SIGTERM or SIGINT before it finished leaving (as a shell's Ctrl-C)."""
 

@@ -34,7 +34,7 @@ from pathswarm.node.peer.config import NodeConfig
 from pathswarm.node.peer.counters import Counts, restart_counts
 from pathswarm.node.peer.faults import faults_from_env
 from pathswarm.node.peer.lifecycle import (
-    LEAVE_CHECKPOINT_S,
+    CHECKPOINT_WAIT_S,
     farewell,
     linger_s,
     pick_device,
@@ -253,7 +253,7 @@ class Node:
     def _leave(self) -> None:
         by_signal = self.stop_event.is_set()
         self.stop_event.set()
-        if not self.checkpoints.finish(timeout_s=LEAVE_CHECKPOINT_S):
+        if not self.checkpoints.finish(timeout_s=CHECKPOINT_WAIT_S):
             # only after an error ended the loop: a run that ends as planned wrote its final checkpoint in place
             logger.warning("the last round's checkpoint is still being written; leaving without it")
         self.seat.stop_heartbeat()

@@ -64,6 +64,11 @@ class PartialRounds:
         self.earliest = t0 + PARTIAL_COST_SHARE * spent
         self.next_save = max(t0 + self.cfg.partial_every_s, self.earliest)
 
+    def overdue(self) -> bool:
+        """A save has been due for a further `partial_every_s`: whatever keeps it back (a checkpoint still being
+        written: RoundLoop.run) should give way."""
+        return self.enabled and time.perf_counter() >= self.next_save + self.cfg.partial_every_s
+
     def saved_counters(self) -> Any:
         """The counters the saved round in progress holds, as written (None: none), resumed or not."""
         return saved_counters(self.cfg.checkpoint_dir, self.cfg.spec.swarm_id) if self.cfg.checkpoint_dir else None

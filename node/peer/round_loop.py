@@ -30,7 +30,7 @@ from pathswarm.node.peer.background import Chores
 from pathswarm.node.peer.checkpoints import Checkpoints
 from pathswarm.node.peer.config import CLAIMS_READ_S, NodeConfig
 from pathswarm.node.peer.counters import Counts
-from pathswarm.node.peer.lifecycle import STOP_SETTLE_S, pace
+from pathswarm.node.peer.lifecycle import CHECKPOINT_WAIT_S, STOP_SETTLE_S, pace
 from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.peer.resume import PartialRounds
 from pathswarm.node.peer.rounds import Rounds
@@ -81,7 +81,12 @@ class RoundLoop:
                 chunk_tokens += stats.tokens
                 pace(t_step, stats.tokens, self.cfg.max_tokens_per_s, self.stop_event)
                 self.status.stepped(self.worker.inner_step, losses[-1], stats.tokens)  # as round_tokens counts them
-                if not self.checkpoints.writing():  # saved against anchors on disk only (Checkpoints.writing)
+                # Saved against anchors on disk only (Checkpoints.writing). A write as long as a round would keep it
+                # off disk for good (a new one starts every round), so an overdue save waits for the write.
+                if self.checkpoints.writing() and self.partial.overdue():
+                    with self.work("checkpoint"):
+                        self.checkpoints.finish(CHECKPOINT_WAIT_S)
+                if not self.checkpoints.writing():
                     self.partial.maybe_save(self.save_partial, self.work)
                 if self.worker.inner_step % 10 == 0:
                     with self.work("status"):

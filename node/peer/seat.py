@@ -118,6 +118,8 @@ class Seat:
             return
         self.renew()
         self._read_not_before = time.monotonic() + ROUND1_SETTLE_S
+        if self.claims is not None:  # a read started before this would serve the send with the views not yet settled
+            self.claims.drop_prefetch()
 
     def refresh_for_send(self, timeout_s: float | None = None) -> None:
         """Read the claims where a round is sent, once `trained_first_round` allows: every member picks the reducer

@@ -85,6 +85,53 @@ def _advance(worker: PathWorker, round_: int) -> None:
                                        st.reducers)
 
 
+def test_the_final_checkpoint_waits_for_the_one_being_written(tmp_path, worker, monkeypatch):
+    """Round 2's background write is held mid-way; the final save (round 3) must wait for it, so round 3 is the one
+    on disk at the end, whatever the threads' timing."""
+    import pathswarm.node.peer.checkpoints as mod
+
+    writing, release, order = threading.Event(), threading.Event(), []
+    real = mod.save_checkpoint
+
+    def save(root, spec, round_, states, counters):
+        order.append(("start", round_))
+        if round_ == 2:
+            writing.set()
+            assert release.wait(10)
+        real(root, spec, round_, states, counters)
+        order.append(("end", round_))
+
+    monkeypatch.setattr(mod, "save_checkpoint", save)
+    ckpts = Checkpoints(NodeConfig(spec=worker.spec, checkpoint_dir=str(tmp_path)))
+    _advance(worker, 2)
+    ckpts.save(worker, Counts(counters_id="c", trained=20), background=True)
+    assert writing.wait(10) and ckpts.writing()
+    _advance(worker, 3)
+    threading.Timer(0.2, release.set).start()
+    ckpts.save(worker, Counts(counters_id="c", trained=30))
+    assert order == [("start", 2), ("end", 2), ("start", 3), ("end", 3)]
+    assert load_checkpoint(tmp_path, worker.spec).round == 3 and ckpts.durable == {m: 3 for m in worker.module_ids}
+
+
+def test_a_failed_background_write_leaves_the_last_round_named(tmp_path, worker, monkeypatch, caplog):
+    import pathswarm.node.peer.checkpoints as mod
+
+    ckpts = Checkpoints(NodeConfig(spec=worker.spec, checkpoint_dir=str(tmp_path)))
+    _advance(worker, 1)
+    ckpts.save(worker, Counts(counters_id="c", trained=10), background=True)
+    assert ckpts.finish(30)
+
+    def full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(mod, "save_checkpoint", full)
+    _advance(worker, 2)
+    ckpts.save(worker, Counts(counters_id="c", trained=20), background=True)
+    assert ckpts.finish(30)
+    assert ckpts.durable == {m: 1 for m in worker.module_ids} and load_checkpoint(tmp_path, worker.spec).round == 1
+    assert "checkpoint of round 2 not written" in caplog.text
+
+
 def test_a_background_checkpoint_is_on_disk_once_written_and_the_final_one_comes_after_it(tmp_path, worker):
     ckpts = Checkpoints(NodeConfig(spec=worker.spec, checkpoint_dir=str(tmp_path)))
     _advance(worker, 1)
