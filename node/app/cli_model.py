@@ -31,20 +31,24 @@ from pathswarm.protocol.spec import format_path
 @click.option("--lr", type=float, default=0.0, help="Override the spec's inner learning rate.")
 @click.option("--eval-batches", type=int, default=8, show_default=True, help="Validation batches per path.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the workers' data streams.")
+@click.option("--overlap", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
+              help="dipaco/diloco: share of the next round's inner steps trained before a round's mean is applied, "
+                   "as on a decoupled node whose round is in flight meanwhile (0: before the next step; 1: after all "
+                   "of them).")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
               help="Write the final modules here (readable by eval and generate).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write per-round losses, tokens and bytes as JSON.")
 @friendly
 def simulate(spec_path: str, mode: str, workers: int, rounds: int, inner_steps: int, lr: float, eval_batches: int,
-             seed: int, checkpoint_dir: str | None, json_path: str | None) -> None:
+             seed: int, overlap: float, checkpoint_dir: str | None, json_path: str | None) -> None:
     """Run the whole training algorithm in one process, without networking."""
     spec = load_spec_option(spec_path)
     from pathswarm.node.app.progress import run_with_progress
     from pathswarm.node.train.simulate import SimConfig
 
     cfg = SimConfig(mode=mode, workers=workers, rounds=rounds, inner_steps=inner_steps, lr=lr,
-                    eval_batches=eval_batches, seed=seed, checkpoint_dir=checkpoint_dir or "")
+                    eval_batches=eval_batches, seed=seed, overlap=overlap, checkpoint_dir=checkpoint_dir or "")
     result = run_with_progress(spec, cfg)
     write_json(json_path, result.to_json())
 

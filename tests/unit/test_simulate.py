@@ -117,6 +117,25 @@ def test_cli_init_simulate_eval_generate(tmp_path):
     assert res.exit_code == 2 and "belongs to swarm" in res.output
 
 
+def test_cli_simulate_overlap(tmp_path):
+    runner = CliRunner()
+    spec_path = tmp_path / "swarm.toml"
+    res = runner.invoke(main, ["swarm", "init", "-o", str(spec_path), "--corpus", "synthetic", "--width", "32",
+                               "--base-width", "32", "--heads", "2", "--layers-per-module", "1",
+                               "--context-len", "32", "--inner-steps", "4"])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "sim.json"
+    res = runner.invoke(main, ["simulate", "--spec", str(spec_path), "--mode", "diloco", "--workers", "2",
+                               "--rounds", "2", "--eval-batches", "2", "--overlap", "0.5", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert len(data["rounds"]) == 2 and data["replicas_identical"] is True
+    res = runner.invoke(main, ["simulate", "--spec", str(spec_path), "--mode", "sync", "--overlap", "0.5"])
+    assert res.exit_code == 2 and "overlap applies to the local-SGD modes" in res.output
+    res = runner.invoke(main, ["simulate", "--spec", str(spec_path), "--overlap", "1.5"])
+    assert res.exit_code == 2 and "--overlap" in res.output
+
+
 def test_inner_training_never_rewrites_the_anchor(spec, synthetic_docs):
     """Regression: loading the anchor into the parameters must copy, not alias (torch's
     vector_to_parameters aliases, and training then silently changed every replica's anchor)."""
