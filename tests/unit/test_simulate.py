@@ -86,12 +86,17 @@ def test_bad_config_is_rejected(spec):
         run_simulation(spec, SimConfig(mode="dipaco", workers=2, rounds=1))
 
 
+def _init(runner: CliRunner, spec_path) -> object:
+    """`swarm init` of a tiny synthetic spec at spec_path; the CLI's result."""
+    return runner.invoke(main, ["swarm", "init", "-o", str(spec_path), "--corpus", "synthetic", "--width", "32",
+                                "--base-width", "32", "--heads", "2", "--layers-per-module", "1",
+                                "--context-len", "32", "--inner-steps", "4"])
+
+
 def test_cli_init_simulate_eval_generate(tmp_path):
     runner = CliRunner()
     spec_path = tmp_path / "swarm.toml"
-    res = runner.invoke(main, ["swarm", "init", "-o", str(spec_path), "--corpus", "synthetic", "--width", "32",
-                               "--base-width", "32", "--heads", "2", "--layers-per-module", "1",
-                               "--context-len", "32", "--inner-steps", "4"])
+    res = _init(runner, spec_path)
     assert res.exit_code == 0, res.output
     assert "path" in res.output and spec_path.exists()
     out_json, ckpt = tmp_path / "sim.json", tmp_path / "ckpt"
@@ -120,9 +125,7 @@ def test_cli_init_simulate_eval_generate(tmp_path):
 def test_cli_simulate_overlap(tmp_path):
     runner = CliRunner()
     spec_path = tmp_path / "swarm.toml"
-    res = runner.invoke(main, ["swarm", "init", "-o", str(spec_path), "--corpus", "synthetic", "--width", "32",
-                               "--base-width", "32", "--heads", "2", "--layers-per-module", "1",
-                               "--context-len", "32", "--inner-steps", "4"])
+    res = _init(runner, spec_path)
     assert res.exit_code == 0, res.output
     out = tmp_path / "sim.json"
     res = runner.invoke(main, ["simulate", "--spec", str(spec_path), "--mode", "diloco", "--workers", "2",
