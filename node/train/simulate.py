@@ -42,7 +42,7 @@ from pathswarm.node.train.warm_start import check_init
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.reducers import successors
-from pathswarm.protocol.rounds.rule import close_round, decode_mean, mean_bound, reference_norm
+from pathswarm.protocol.rounds.rule import close_round, mean_bound, reference_norm
 from pathswarm.protocol.rounds.slices import rotated, slice_count, units_of, view
 from pathswarm.protocol.spec import SwarmSpec, format_path
 
@@ -78,19 +78,12 @@ class SimConfig:
     (node/train/round.py `settle`); on a node the share is about the round's time on the wire ÷ the time of H steps.
     The last round lands at once. With overlap, validation scores the anchors (the state a node's checkpoint holds),
     not the local weights."""
-    eager: bool = False
-    """With overlap, a prototype of eager updates (Kale et al., arXiv 2502.12996) that leaves the anchors alone: at a
-    send each worker moves its local weights to the outer step of an estimate of the round's mean (its own outer
-    gradient and the others' from the last mean: (own + (M − 1) · last mean) / M), and when the mean lands the steps
-    trained meanwhile are counted from that estimate instead of from the weights it sent. Not what the node does."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not 0.0 <= self.overlap <= 1.0:
             raise ValueError(f"overlap must be in [0, 1], got {self.overlap}")
-        if self.eager and not self.overlap:
-            raise ValueError("eager needs overlap > 0 (with no overlap every mean lands before the next step)")
         if self.overlap and self.mode == "sync":
             raise ValueError("overlap applies to the local-SGD modes (diloco, dipaco), not sync")
         for name in ("workers", "inner_steps", "lr"):
@@ -249,7 +242,6 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
     # (worker, module) → tokens whose steps a late or failed round left in the worker's local weights
     carry: dict[tuple[str, str], int] = {}
     in_flight: dict[str, _Closed] = {}  # overlap: module → its last round, closed, applied after the next chunk
-    means: dict[str, torch.Tensor] = {}  # module → the last mean applied (eager's estimate of the others' part)
     for r in range(cfg.rounds):
         train_loss: dict[str, list[float]] = {}
         losses: dict[int, list[float]] = {i: [] for i in range(len(workers))}
@@ -257,7 +249,7 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
         for part, steps in enumerate((before_landing, H - before_landing)):
             if part == 1 and in_flight:  # round r - 1 lands now: the steps trained so far stay on top of it
                 for mid in list(in_flight):
-                    _settle_sim_round(spec, in_flight.pop(mid), carry, result, means)
+                    _settle_sim_round(spec, in_flight.pop(mid), carry, result)
             t_inner = time.perf_counter()
             for i, w in enumerate(workers):
                 if steps:
@@ -275,10 +267,8 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
             round_bytes += closed.bytes
             if cfg.overlap and r < cfg.rounds - 1:
                 in_flight[mid] = closed
-                if cfg.eager:
-                    _eager_step(spec, closed, means.get(mid))
             else:
-                _settle_sim_round(spec, closed, carry, result, means)
+                _settle_sim_round(spec, closed, carry, result)
             identical &= len({w.digest(mid) for w in holders}) == 1
         if cfg.checkpoint_dir and r == cfg.rounds - 1:
             first_holder = {mid: next(w for w in workers if mid in w.module_ids)
@@ -329,20 +319,6 @@ class _Closed:
     own_norm: dict[str, float]
     closes: list[tuple]
     bytes: int
-    shift: dict[str, torch.Tensor] = field(default_factory=dict)
-    """eager: worker → what its local weights were moved by at the send (sent − estimate), given back at the settle."""
-
-
-def _eager_step(spec: SwarmSpec, c: _Closed, last_mean: torch.Tensor | None) -> None:
-    """SimConfig.eager: each holder's local weights → the outer step of its estimate of the round's mean."""
-    m = len(c.holders)
-    for w in c.holders:
-        state, local = w.outer[c.mid], w.flat(c.mid)
-        own = state.anchor - local
-        estimate = own if last_mean is None else (own + (m - 1) * last_mean) / m
-        target = state.stepped(estimate, spec.outer).anchor
-        c.shift[w.name] = local - target
-        w.set_flat(c.mid, target)
 
 
 def _close_sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker],
@@ -387,10 +363,8 @@ def _close_sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker
     return _Closed(mid, holders, units, sent, tokens, own_norm, closes, up + down)
 
 
-def _settle_sim_round(spec: SwarmSpec, c: _Closed, carry: dict[tuple[str, str], int], result: SimResult,
-                      means: dict[str, torch.Tensor]) -> None:
-    """Every holder of a closed round settles it on its local weights as they are now (`means`: the module's mean
-    recorded, for eager)."""
+def _settle_sim_round(spec: SwarmSpec, c: _Closed, carry: dict[tuple[str, str], int], result: SimResult) -> None:
+    """Every holder of a closed round settles it on its local weights as they are now."""
     t_round = time.perf_counter()
     mid, holders, units, sent, closes = c.mid, c.holders, c.units, c.sent, c.closes
     for w in holders:
@@ -416,17 +390,12 @@ def _settle_sim_round(spec: SwarmSpec, c: _Closed, carry: dict[tuple[str, str], 
         if done.state is not None:
             w.outer[mid] = done.state
         if done.local is not None:
-            # eager: the steps since the send count from the estimate the weights were moved to, not the sent ones
-            shift = c.shift.get(w.name) if done.applied else None
-            w.set_flat(mid, done.local if shift is None else done.local + shift)
+            w.set_flat(mid, done.local)
         restore_feedback(w.feedback[mid], units, sent[w.name], sliced.restore)
         if done.carried_tokens:
             carry[(w.name, mid)] = done.carried_tokens
     if any(closed.mean_frame for closed, _, _ in closes):
         result.history.setdefault(mid, {})[str(holders[0].outer[mid].round)] = holders[0].digest(mid)
-    if c.shift and all(closed.mean_frame for closed, _, _ in closes):
-        means[mid] = torch.cat([decode_mean(closed.mean_frame, unit.numel, spec.codec)
-                                for unit, (closed, _, _) in zip(units, closes, strict=True)])
     result.round_s += time.perf_counter() - t_round
 
 
