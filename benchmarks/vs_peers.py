@@ -74,8 +74,8 @@ def make_spec(directory: Path, a, codec: CodecSpec | None = None, name: str = "v
                                      context_len=a.context_len),
                      inner=InnerOptSpec(steps=a.inner_steps, batch_size=a.batch_size),
                      codec=codec or CodecSpec(),
-                     outer=OuterOptSpec(lr=getattr(a, "outer_lr", None) or OuterOptSpec.lr,
-                                        momentum=_or(getattr(a, "outer_momentum", None), OuterOptSpec.momentum)),
+                     outer=OuterOptSpec(lr=_given(a, "outer_lr", OuterOptSpec.lr),
+                                        momentum=_given(a, "outer_momentum", OuterOptSpec.momentum)),
                      averaging=AveragingSpec(grace_s=a.grace_s, timeout_s=120.0, claim_ttl_s=30.0, slices=a.nodes))
     spec = init_spec(base, load_documents(base.data))
     directory.mkdir(parents=True, exist_ok=True)
@@ -84,7 +84,9 @@ def make_spec(directory: Path, a, codec: CodecSpec | None = None, name: str = "v
     return spec, path
 
 
-def _or(value, default):
+def _given(a, name: str, default):
+    """`a.name` unless absent or None (lan_h_sweep.py passes an argument set without the outer options)."""
+    value = getattr(a, name, None)
     return default if value is None else value
 
 

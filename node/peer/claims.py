@@ -167,12 +167,10 @@ class Claims:
     def _install(self, claims: list[PathClaim], started: float) -> None:
         view = view_of(claims, self.spec, self.module_ids, self.sdht.peer_id)
         with self._view_lock:
-            if started < self._view_started:
-                # a read that began earlier (and waited on a dead peer) must not replace a fresher view; the groups
-                # are derived again all the same, with our round as of now
-                self._derive()
-                return
-            self._view, self._view_started = view, started
+            # a read that began earlier (and waited on a dead peer) must not replace a fresher view; the groups are
+            # derived again all the same, with our round as of now
+            if started >= self._view_started:
+                self._view, self._view_started = view, started
             self._derive()
 
     def prefetch(self, timeout_s: float | None = None) -> None:

@@ -18,7 +18,6 @@ Validation loss is routed: each validation document is scored by the path the ro
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -31,19 +30,10 @@ from pathswarm.node.model.model import PathModel, build_path
 from pathswarm.node.model.router import documents_by_path
 from pathswarm.node.train.checkpoint import ModuleState, save_checkpoint
 from pathswarm.node.train.inner import evaluate_loss, make_inner_optimizer, set_warmup_lr
-from pathswarm.node.train.round import (
-    feedback_decay,
-    make_slice_contributions,
-    restore_feedback,
-    settle,
-    settle_slices,
-)
+from pathswarm.node.train.sim_round import ClosedRound, Tamper, close_module_round, settle_module_round
 from pathswarm.node.train.warm_start import check_init
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.rounds.outer import OuterState
-from pathswarm.protocol.rounds.reducers import successors
-from pathswarm.protocol.rounds.rule import close_round, mean_bound, reference_norm
-from pathswarm.protocol.rounds.slices import rotated, slice_count, units_of, view
 from pathswarm.protocol.spec import SwarmSpec, format_path
 
 MODES = ("diloco", "dipaco", "sync")
@@ -172,11 +162,6 @@ def _samplers_for(spec: SwarmSpec, cfg: SimConfig, train: list[Document], paths:
     return samplers
 
 
-Tamper = Callable[[int, str, int, bytes], bytes]
-"""(worker index, module id, round, the worker's frame) → the frame actually sent: benchmarks/byzantine.py
-makes one worker hostile with it."""
-
-
 def run_simulation(spec: SwarmSpec, cfg: SimConfig, docs: list[Document] | None = None,
                    on_event: Event | None = None, tamper: Tamper | None = None,
                    init_weights: dict[str, torch.Tensor] | None = None) -> SimResult:
@@ -241,7 +226,7 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
     emit("start", {"val_loss": result.val_loss_before, "workers": len(workers)})
     # (worker, module) → tokens whose steps a late or failed round left in the worker's local weights
     carry: dict[tuple[str, str], int] = {}
-    in_flight: dict[str, _Closed] = {}  # overlap: module → its last round, closed, applied after the next chunk
+    in_flight: dict[str, ClosedRound] = {}  # overlap: module → its last round, closed, applied after the next chunk
     for r in range(cfg.rounds):
         train_loss: dict[str, list[float]] = {}
         losses: dict[int, list[float]] = {i: [] for i in range(len(workers))}
@@ -249,7 +234,7 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
         for part, steps in enumerate((before_landing, H - before_landing)):
             if part == 1 and in_flight:  # round r - 1 lands now: the steps trained so far stay on top of it
                 for mid in list(in_flight):
-                    _settle_sim_round(spec, in_flight.pop(mid), carry, result)
+                    settle_module_round(spec, in_flight.pop(mid), carry, result)
             t_inner = time.perf_counter()
             for i, w in enumerate(workers):
                 if steps:
@@ -263,12 +248,12 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
             holders = [w for w in workers if mid in w.module_ids]  # canonical order: worker index
             if not holders:
                 continue
-            closed = _close_sim_round(spec, mid, r, holders, carry, result, tamper, workers)
+            closed = close_module_round(spec, mid, r, holders, carry, result, tamper, workers)
             round_bytes += closed.bytes
             if cfg.overlap and r < cfg.rounds - 1:
                 in_flight[mid] = closed
             else:
-                _settle_sim_round(spec, closed, carry, result)
+                settle_module_round(spec, closed, carry, result)
             identical &= len({w.digest(mid) for w in holders}) == 1
         if cfg.checkpoint_dir and r == cfg.rounds - 1:
             first_holder = {mid: next(w for w in workers if mid in w.module_ids)
@@ -305,98 +290,6 @@ def _anchor_losses(evaluator: RoutedEval, models: dict[tuple[int, ...], PathMode
         for w in evaluated:
             for mid in w.module_ids:
                 w.set_flat(mid, saved[(w.name, mid)])
-
-
-@dataclass
-class _Closed:
-    """A module's round closed by the reducer(s), not yet settled by its holders."""
-
-    mid: str
-    holders: list[PathWorker]
-    units: list
-    sent: dict[str, list]
-    tokens: dict[str, int]
-    own_norm: dict[str, float]
-    closes: list[tuple]
-    bytes: int
-
-
-def _close_sim_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker],
-                     carry: dict[tuple[str, str], int], result: SimResult, tamper: Tamper | None,
-                     workers: list[PathWorker]) -> _Closed:
-    """One module's outer round among its holders, by the node's own rule (protocol/rounds/rule.py and
-    node/train/round.py): every holder makes a contribution and the round closes over all of them (the reducer's
-    merge and one encoded mean; per slice when the spec cuts rounds into slices, protocol/rounds/slices.py);
-    `_settle_sim_round` then has every holder settle the result."""
-    t_round = time.perf_counter()
-    first = holders[0].outer[mid]
-    numel = first.anchor.numel()
-    # before any result names a list (round 0): the holders, sorted, as a node's genesis list (slices.py `agreed_list`)
-    units = units_of(mid, numel, slice_count(numel, first.reducers or tuple(sorted(w.name for w in holders)),
-                                             spec.averaging.slices))
-    sent, tokens = {}, {}
-    for w in holders:
-        tokens[w.name] = w.round_tokens + carry.pop((w.name, mid), 0)
-        sent[w.name] = make_slice_contributions(w.outer[mid], w.flat(mid), w.feedback[mid], spec.codec,
-                                                tokens[w.name], units, feedback_decay(spec))
-    names = sorted(sent)
-    own_norm = {name: math.sqrt(sum(c.delta_norm ** 2 for c in parts)) for name, parts in sent.items()}
-    agreed = first.reducers if set(first.reducers) == set(names) else tuple(names)
-    closes, up, down = [], 0, 0
-    for j, unit in enumerate(units):
-        frames = {name: sent[name][j].frame for name in names}
-        if tamper is not None:
-            frames = {w.name: tamper(workers.index(w), unit.id, r, frames[w.name]) for w in holders}
-        closed = close_round([(name, sent[name][j].tokens, frames[name]) for name in names], unit.numel, spec,
-                             before=view(first, unit))
-        result.rejected += len(closed.rejected)
-        # The reducer: the smallest name, as the smallest peer id in a swarm; a slice's, its rotation of the list.
-        reducer = min(frames) if unit.k == 1 else rotated(agreed, r, unit.j)[0]
-        following = successors(reducer, closed.used) if unit.k == 1 else tuple(sorted(closed.used))
-        closes.append((closed, reducer, following))
-        # Every other holder sends its frame to the reducer and gets the encoded mean back.
-        up += sum(len(f) for name, f in frames.items() if name != reducer)
-        down += len(closed.mean_frame) * (len(frames) - 1)
-    result.bytes_up_total += up
-    result.bytes_down_total += down
-    result.round_s += time.perf_counter() - t_round
-    return _Closed(mid, holders, units, sent, tokens, own_norm, closes, up + down)
-
-
-def _settle_sim_round(spec: SwarmSpec, c: _Closed, carry: dict[tuple[str, str], int], result: SimResult) -> None:
-    """Every holder of a closed round settles it on its local weights as they are now."""
-    t_round = time.perf_counter()
-    mid, holders, units, sent, closes = c.mid, c.holders, c.units, c.sent, c.closes
-    for w in holders:
-        state, local = w.outer[mid], w.flat(mid)
-        parts = []
-        for j, (unit, (closed, reducer, following)) in enumerate(zip(units, closes, strict=True)):
-            mine = sent[w.name][j]
-            status = ("alone" if len(closed.used) == 1 else "merged") if w.name in closed.used else "late"
-            if not closed.mean_frame:
-                status = "failed"
-            piece = view(state, unit)
-            # the member's bound is the whole module's, as the node's (node/peer/rounds.py `_check_unit`)
-            parts.append(settle(piece, mine, local[unit.lo:unit.hi], status, piece.round, closed.mean_frame,
-                                closed.digest_after, spec.outer, codec=spec.codec, next_reducers=following,
-                                bound=None if w.name == reducer else mean_bound(c.own_norm[w.name], mine.tokens,
-                                                                                reference_norm(state), spec,
-                                                                                len(closed.used))))
-            if parts[-1].lie:  # the members' bound holds every honest round: the simulator runs none other
-                raise AssertionError(f"{unit.id} round {piece.round}: an honest mean broke {w.name}'s bound: "
-                                     f"{parts[-1].lie}")
-        sliced = settle_slices(state, units, parts, local, c.tokens[w.name])
-        done = sliced.settlement
-        if done.state is not None:
-            w.outer[mid] = done.state
-        if done.local is not None:
-            w.set_flat(mid, done.local)
-        restore_feedback(w.feedback[mid], units, sent[w.name], sliced.restore)
-        if done.carried_tokens:
-            carry[(w.name, mid)] = done.carried_tokens
-    if any(closed.mean_frame for closed, _, _ in closes):
-        result.history.setdefault(mid, {})[str(holders[0].outer[mid].round)] = holders[0].digest(mid)
-    result.round_s += time.perf_counter() - t_round
 
 
 def _ddp_bytes(workers: list[PathWorker], H: int) -> int:
