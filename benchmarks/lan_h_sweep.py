@@ -40,20 +40,21 @@ SYNC_EVAL_EVERY = 100
 def run_arm(job: dict) -> dict:
     torch.set_num_threads(1)
     a, h, outer, overlap = types.SimpleNamespace(**job["args"]), job["h"], job.get("outer"), job.get("overlap", 0.0)
+    eager = bool(job.get("eager"))
     with tempfile.TemporaryDirectory(prefix="lan-h-") as tmp:
         spec, _ = make_spec(Path(tmp), a)
     if outer:
         spec = spec.replace(outer=dataclasses.replace(spec.outer, lr=outer[0], momentum=outer[1]))
     every = SYNC_EVAL_EVERY if h == 0 else h
     cfg = SimConfig(mode="sync" if h == 0 else "diloco", workers=WORKERS, rounds=a.steps // every, inner_steps=every,
-                    eval_batches=a.eval_batches, seed=0, overlap=overlap)
+                    eval_batches=a.eval_batches, seed=0, overlap=overlap, eager=eager)
     t0 = time.perf_counter()
     res = run_simulation(spec, cfg, docs=load_documents(spec.data))
     curve = [{"steps": r["round"] * every, "val_loss": r["val_loss"]["all"]} for r in res.rounds]
     name = "sync" if h == 0 else f"diloco H={h}" + (f" outer {outer[0]}/{outer[1]}" if outer else "") \
-        + (f" overlap {overlap:g}" if overlap else "")
+        + (f" overlap {overlap:g}" if overlap else "") + (" eager" if eager else "")
     arm = {"arm": name, "inner_steps": h or 1, "outer_lr": spec.outer.lr, "outer_momentum": spec.outer.momentum,
-           "overlap": overlap,
+           "overlap": overlap, "eager": eager,
            "curve": curve,
            "final_val_loss": curve[-1]["val_loss"], "wall_s": time.perf_counter() - t0}
     print(f"{arm['arm']:28s} final {arm['final_val_loss']:.4f} ({arm['wall_s']:.0f} s)", flush=True)
@@ -68,6 +69,8 @@ def main() -> None:
     ap.add_argument("--overlap", default="0", help="comma-separated shares of the next round's H steps trained "
                     "before a round's mean lands, each run at every H (0: DiLoCo's schedule; 1: a decoupled node's "
                     "latest)")
+    ap.add_argument("--eager", action="store_true", help="overlapped arms (overlap > 0) with eager updates "
+                    "(SimConfig.eager, node/train/round.py eager_shift)")
     ap.add_argument("--steps", type=int, default=1200, help="inner steps per worker (vs_peers.py's --steps)")
     ap.add_argument("--eval-batches", type=int, default=32, help="held-out batches at each curve point")
     ap.add_argument("--jobs", type=int, default=2, help="arms run at once (one torch thread each)")
@@ -86,7 +89,8 @@ def main() -> None:
             raise ValueError
     except ValueError:
         ap.error(f"--overlap takes shares in [0, 1], got {a.overlap!r}")
-    jobs = [{"args": args, "h": 0}] + [{"args": args, "h": int(h), "outer": o, "overlap": ov}
+    jobs = [{"args": args, "h": 0}] + [{"args": args, "h": int(h), "outer": o, "overlap": ov,
+                                        "eager": a.eager and ov > 0}
                                        for h in a.inner_steps.split(",") for o in outers for ov in overlaps]
     with Pool(a.jobs) as pool:
         arms = pool.map(run_arm, jobs, chunksize=1)

@@ -7,6 +7,8 @@ harness (tests/links.py):
 - `pathswarm int8`: real `pathswarm node run` processes as users run them (int8 + zstd, rounds in slices, the
   spec's defaults otherwise), H inner steps a round;
 - `pathswarm sparse`: the same with the sparse codec at its defaults (`[codec] kind = "sparse"`);
+- `pathswarm int8 no-eager` (on request, with --arms): the int8 arm with `node run --no-eager`, to see what eager
+  updates (node/train/round.py `eager_shift`) bring on these links;
 - `hivemind`: `hivemind.Optimizer` as its documentation configures collaborative training (no local updates:
   gradients accumulated across peers to a target batch of nodes × batch × --accum, then averaged);
 - `hivemind local`: `hivemind.Optimizer` with local updates, parameters averaged every H steps' worth of samples;
@@ -147,7 +149,7 @@ class Snapshots(threading.Thread):
             self.stop.wait(0.2)
 
 
-def run_pathswarm(spec: SwarmSpec, spec_path: Path, profile: Profile, a, work: Path) -> dict:
+def run_pathswarm(spec: SwarmSpec, spec_path: Path, profile: Profile, a, work: Path, eager: bool = True) -> dict:
     rounds = (a.pathswarm_steps or a.steps) // a.inner_steps
     names = [f"n{i}" for i in range(a.nodes)]
     bootstrap = scaled(PROFILES["fiber"], path_param_count(spec), a.step["step_s"])
@@ -156,7 +158,8 @@ def run_pathswarm(spec: SwarmSpec, spec_path: Path, profile: Profile, a, work: P
         swarm.start_bootstrap(args=["--swarm", str(spec_path), "--host-maddr", net.maddr(0)], timeout_s=120)
         for i, name in enumerate(names):
             swarm.start_node(name, path="0", max_rounds=rounds, seed=i,
-                             extra=["--wait-peers", str(a.nodes), "--host-maddr", net.maddr(i + 1)])
+                             extra=["--wait-peers", str(a.nodes), "--host-maddr", net.maddr(i + 1),
+                                    *([] if eager else ["--no-eager"])])
         snaps = Snapshots(work / "run" / "n0-checkpoint", work / "snaps")
         (work / "snaps").mkdir(parents=True)
         snaps.start()
@@ -191,7 +194,8 @@ def run_pathswarm(spec: SwarmSpec, spec_path: Path, profile: Profile, a, work: P
             "round_wire_s": {"median": statistics.median(wire) if wire else None, "n": len(wire)},
             "replicas": _replicas(statuses), "failed_nodes": failed,
             "settings": {"inner_steps": a.inner_steps, "rounds": rounds, "slices": spec.averaging.slices,
-                         "codec": spec.codec.kind, "grace_s": spec.averaging.grace_s}}
+                         "codec": spec.codec.kind, "grace_s": spec.averaging.grace_s, "eager": eager,
+                         "outer": [spec.outer.lr, spec.outer.momentum]}}
 
 
 def _replicas(statuses: dict[str, dict]) -> dict:
@@ -387,7 +391,7 @@ def main() -> None:
                 arm_dir = work / link / arm.replace(" ", "-")
                 s, p = (sparse_spec, sparse_path) if arm == "pathswarm sparse" else (spec, spec_path)
                 if arm.startswith("pathswarm"):
-                    res = run_pathswarm(s, p, profile, a, arm_dir)
+                    res = run_pathswarm(s, p, profile, a, arm_dir, eager="no-eager" not in arm)
                 else:
                     res = run_baseline(arm, spec_path, profile, a, arm_dir)
                 res["curve"] = evaluate(s, res.pop("snapshots"), batches)  # the same weights: only the id differs

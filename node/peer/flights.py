@@ -58,6 +58,9 @@ class InFlight:
     sent: Contribution
     """The module's: its weights at the send (`merged_base`) and tokens (the unit's own contribution when K = 1)."""
     units: list[UnitFlight]
+    moved: torch.Tensor | None = None
+    """Eager updates (NodeConfig.eager): what the module's local weights were moved by at the send (flat fp32),
+    taken back out when the round settles (node/train/round.py `settle`) or is abandoned."""
     _reference: tuple[OuterState, float] | None = None
 
     @property
@@ -70,6 +73,10 @@ class InFlight:
             return self.units[0].sent.feedback_before.get("residual")
         parts = [f.sent.feedback_before.get("residual") for f in self.units]
         return None if any(p is None for p in parts) else torch.cat(parts)
+
+    def unit_moved(self, unit) -> torch.Tensor | None:
+        """Our eager move's part in one unit (None: not moved)."""
+        return None if self.moved is None else self.moved[unit.lo:unit.hi]
 
     def module_reference(self, state: OuterState) -> float:
         """The module's momentum norm (rule.py `reference_norm`) as of `state`, once for all its slices' checks."""

@@ -23,6 +23,7 @@ from pathswarm.node.peer.flights import InFlight, UnitFlight, applied_parts, who
 from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.peer.resyncs import Resyncs
 from pathswarm.node.train.round import (
+    eager_shift,
     feedback_decay,
     make_slice_contributions,
     restore_feedback,
@@ -115,7 +116,8 @@ class Rounds:
             st = self.worker.outer[mid]
             units = units_of(mid, st.anchor.numel(), slice_count(st.anchor.numel(), st.reducers or groups.genesis[mid],
                                                                  self.spec.averaging.slices))
-            parts = make_slice_contributions(st, self.worker.flat(mid), self.worker.feedback[mid], self.spec.codec,
+            local = self.worker.flat(mid)
+            parts = make_slice_contributions(st, local, self.worker.feedback[mid], self.spec.codec,
                                              tokens + self.carry.pop(mid, 0), units, feedback_decay(self.spec))
             flights = []
             for unit, sent in zip(units, parts, strict=True):
@@ -125,7 +127,12 @@ class Rounds:
                 flight.future = self.net.submit(flight.timed(self.exchange.contribute(
                     order, unit.id, sent.round, sent.tokens, sent.digest_before, sent.frame, timeout)))
                 flights.append(flight)
-            self.in_flight[mid] = InFlight(parts[0] if len(parts) == 1 else whole_of(st, parts), flights)
+            item = InFlight(parts[0] if len(parts) == 1 else whole_of(st, parts), flights)
+            if self.cfg.eager and not self.cfg.sync_rounds:
+                # our next steps start from where our own Δ would take the anchor, not a whole outer step behind it
+                item.moved = eager_shift(st, local, self.spec.outer)
+                self.worker.set_flat(mid, local + item.moved)
+            self.in_flight[mid] = item
             self.flight_generation[mid] = self.generation
             out.append(mid)
         self.worker.end_round()
@@ -168,6 +175,8 @@ class Rounds:
                     self._settle(mid, item)
                 elif last_pass and block and abandon:
                     self.in_flight.pop(mid)
+                    if item.moved is not None:  # our steps stay as if trained from the weights we sent
+                        self.worker.set_flat(mid, self.worker.flat(mid) - item.moved)
                     logger.warning("round of %s still open at shutdown; abandoned", mid)
                     self.abandoned = True
         # The generations every module of which has settled: with a module sent late (its round before was still
@@ -232,7 +241,8 @@ class Rounds:
             parts.append(settle(view(st, unit), flight.sent, local_now[unit.lo:unit.hi], result.status,
                                 result.round, result.mean_frame if result.applicable else b"", result.digest_after,
                                 self.spec.outer, codec=self.spec.codec, discard=flight.discard,
-                                next_reducers=result.reducers, bound=flight.bound, decoded=flight.mean))
+                                next_reducers=result.reducers, bound=flight.bound, decoded=flight.mean,
+                                moved=item.unit_moved(unit)))
         sliced = settle_slices(st, [f.unit for f in item.units], parts, local_now, item.sent.tokens)
         done = sliced.settlement
         if done.state is not None:
@@ -389,7 +399,8 @@ class Rounds:
         """Per module, what our steps not sent yet count from: the weights of the outer gradient in flight, else the
         anchor (the round in progress is saved as the steps since: node/peer/resume.py)."""
         inf = self.in_flight
-        return {mid: inf[mid].sent.merged_base if mid in inf else self.worker.outer[mid].anchor
+        return {mid: (inf[mid].sent.merged_base if inf[mid].moved is None else inf[mid].sent.merged_base
+                      + inf[mid].moved) if mid in inf else self.worker.outer[mid].anchor
                 for mid in self.worker.module_ids}
 
     def unmerged_tokens(self) -> int:

@@ -129,7 +129,7 @@ class Settlement:
 def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, status: str, result_round: int,
            mean_frame: bytes, digest_expected: str, outer: OuterOptSpec, *, codec: CodecSpec,
            discard: bool = False, next_reducers: tuple[str, ...] = (), bound: float | None = None,
-           decoded: torch.Tensor | None = None) -> Settlement:
+           decoded: torch.Tensor | None = None, moved: torch.Tensor | None = None) -> Settlement:
     """Settle one round of one module on a member (the rule in the module docstring).
 
     `state` is the module's outer state (left as it is: the new one is `Settlement.state`); `local_now` the local
@@ -138,8 +138,13 @@ def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, statu
     the result is decoded with; `next_reducers`: who reduces the next
     round, as the result names them (protocol/rounds/reducers.py), kept with the state when the mean is applied;
     `bound`: the largest mean norm to apply (protocol/rounds/rule.py `mean_bound`; None: no bound, our own round);
-    `decoded`: `mean_frame` already decoded by `decode_mean` (the node decodes it once for its checks)."""
+    `decoded`: `mean_frame` already decoded by `decode_mean` (the node decodes it once for its checks); `moved`:
+    what `eager_shift` moved the local weights by at the send (taken back out first: the steps since the send then
+    stand on the new anchor, or on the weights as sent when nothing is applied)."""
     reason = f"status {status}"
+    if moved is not None:
+        local_now = local_now.detach().to("cpu", torch.float32) - moved
+    kept = None if moved is None else local_now  # nothing applied: the weights as sent plus the steps since
     if status in APPLIED and mean_frame and result_round == state.round == sent.round:
         try:
             mean = decoded if decoded is not None else decode_mean(mean_frame, state.anchor.numel(), codec)
@@ -148,7 +153,7 @@ def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, statu
         else:
             lie = beyond_bound(mean, bound) if bound is not None else None
             if lie is not None:
-                return Settlement(applied=False, restore_feedback=True, carried_tokens=sent.tokens,
+                return Settlement(applied=False, local=kept, restore_feedback=True, carried_tokens=sent.tokens,
                                   reason=f"not applied: {lie}", lie=lie)
             after = state.stepped(mean, outer, reducers=tuple(next_reducers))
             digest = after.digest()
@@ -163,7 +168,23 @@ def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, statu
     if discard:
         return Settlement(applied=False, local=state.anchor.clone(), restore_feedback=True,
                           discarded_tokens=sent.tokens, reason=reason)
-    return Settlement(applied=False, local=None, restore_feedback=True, carried_tokens=sent.tokens, reason=reason)
+    return Settlement(applied=False, local=kept, restore_feedback=True, carried_tokens=sent.tokens, reason=reason)
+
+
+def eager_shift(state: OuterState, local_when_sent: torch.Tensor, outer: OuterOptSpec) -> torch.Tensor:
+    """Eager updates (Kale et al., arXiv 2502.12996), adapted to anchors every holder keeps identical: at the send,
+    what moves the local weights from where they are to the outer step of our own Δ, the estimate of the round's
+    mean (`target − local_when_sent`, flat fp32). A decoupled member trains the next chunk from there instead of
+    from weights a whole outer step behind the anchor it will get; `settle(moved=...)` takes the shift back out,
+    so anchors, digests and what a round merges are unchanged. Why our own Δ and not the last mean: the holders'
+    errors (own Δ − mean) average to zero over the group, while the last mean's error is shared by every holder and
+    the outer momentum amplifies it (a quadratic in tests/unit/test_round.py diverges with it at H = 50)."""
+    local = local_when_sent.detach().to("cpu", torch.float32).reshape(-1)
+    if outer.kind == "nesterov" and state.round < outer.warmup_rounds:
+        # warm-up rounds are plain averaging: our own Δ would put us where we are (exactly: no rounding noise)
+        return torch.zeros_like(local)
+    target = state.stepped(pseudo_gradient(state.anchor, local), outer).anchor
+    return target - local
 
 
 # ---- a round in slices (protocol/rounds/slices.py) ----------------------------------------------------------------

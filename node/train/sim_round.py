@@ -9,10 +9,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
+
 from pathswarm.node.train.round import (
+    eager_shift,
     feedback_decay,
     make_slice_contributions,
     restore_feedback,
@@ -45,6 +48,8 @@ class ClosedRound:
     own_norm: dict[str, float]
     closes: list[tuple]
     bytes: int
+    moved: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Eager (`move_eagerly`): holder → what its local weights were moved by at the send."""
 
 
 def close_module_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWorker],
@@ -89,12 +94,22 @@ def close_module_round(spec: SwarmSpec, mid: str, r: int, holders: list[PathWork
     return ClosedRound(mid, holders, units, sent, tokens, own_norm, closes, up + down)
 
 
+def move_eagerly(spec: SwarmSpec, c: ClosedRound) -> None:
+    """Eager updates (node/train/round.py `eager_shift`): every holder of a round in flight moves its local weights
+    to the outer step of its own outer gradient, and settles the round later with that move taken back out."""
+    for w in c.holders:
+        local = w.flat(c.mid)
+        c.moved[w.name] = eager_shift(w.outer[c.mid], local, spec.outer)
+        w.set_flat(c.mid, local + c.moved[w.name])
+
+
 def settle_module_round(spec: SwarmSpec, c: ClosedRound, carry: dict[tuple[str, str], int], result: SimResult) -> None:
     """Every holder of a closed round settles it on its local weights as they are now."""
     t_round = time.perf_counter()
     mid, holders, units, sent, closes = c.mid, c.holders, c.units, c.sent, c.closes
     for w in holders:
         state, local = w.outer[mid], w.flat(mid)
+        moved = c.moved.get(w.name)
         parts = []
         for j, (unit, (closed, reducer, following)) in enumerate(zip(units, closes, strict=True)):
             mine = sent[w.name][j]
@@ -107,7 +122,8 @@ def settle_module_round(spec: SwarmSpec, c: ClosedRound, carry: dict[tuple[str, 
                                 closed.digest_after, spec.outer, codec=spec.codec, next_reducers=following,
                                 bound=None if w.name == reducer else mean_bound(c.own_norm[w.name], mine.tokens,
                                                                                 reference_norm(state), spec,
-                                                                                len(closed.used))))
+                                                                                len(closed.used)),
+                                moved=None if moved is None else moved[unit.lo:unit.hi]))
             if parts[-1].lie:  # the members' bound holds every honest round: the simulator runs none other
                 raise AssertionError(f"{unit.id} round {piece.round}: an honest mean broke {w.name}'s bound: "
                                      f"{parts[-1].lie}")

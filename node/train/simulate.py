@@ -30,7 +30,13 @@ from pathswarm.node.model.model import PathModel, build_path
 from pathswarm.node.model.router import documents_by_path
 from pathswarm.node.train.checkpoint import ModuleState, save_checkpoint
 from pathswarm.node.train.inner import evaluate_loss, make_inner_optimizer, set_warmup_lr
-from pathswarm.node.train.sim_round import ClosedRound, Tamper, close_module_round, settle_module_round
+from pathswarm.node.train.sim_round import (
+    ClosedRound,
+    Tamper,
+    close_module_round,
+    move_eagerly,
+    settle_module_round,
+)
 from pathswarm.node.train.warm_start import check_init
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.rounds.outer import OuterState
@@ -69,11 +75,17 @@ class SimConfig:
     The last round lands at once. With overlap, validation scores the anchors (the state a node's checkpoint holds),
     not the local weights."""
 
+    eager: bool = False
+    """With overlap: eager updates (node/train/round.py `eager_shift`): at each send a worker moves its local weights
+    to the outer step of its own outer gradient and trains the next chunk from there; anchors are unchanged."""
+
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not 0.0 <= self.overlap <= 1.0:
             raise ValueError(f"overlap must be in [0, 1], got {self.overlap}")
+        if self.eager and not self.overlap:
+            raise ValueError("eager needs overlap > 0 (with no overlap every mean lands before the next step)")
         if self.overlap and self.mode == "sync":
             raise ValueError("overlap applies to the local-SGD modes (diloco, dipaco), not sync")
         for name in ("workers", "inner_steps", "lr"):
@@ -252,6 +264,8 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
             round_bytes += closed.bytes
             if cfg.overlap and r < cfg.rounds - 1:
                 in_flight[mid] = closed
+                if cfg.eager:
+                    move_eagerly(spec, closed)
             else:
                 settle_module_round(spec, closed, carry, result)
             identical &= len({w.digest(mid) for w in holders}) == 1

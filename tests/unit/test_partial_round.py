@@ -15,6 +15,7 @@ import torch
 from pathswarm.node.model.data import TokenSampler
 from pathswarm.node.peer.partial_round import FILE, PartialError, load_partial, save_partial, saved_counters
 from pathswarm.node.train.worker import PathWorker
+from pathswarm.protocol.rounds.outer import OuterState
 
 
 def _worker(spec, docs, seed=0, path=(0, 0)):
@@ -154,6 +155,9 @@ def test_sending_a_round_discards_the_saved_one_and_the_next_save_leaves_the_sen
     exchange = SimpleNamespace(contribute=lambda *args: None, skipped=list, distrusted={},
                                audits=SimpleNamespace(alerts=[]))
     node.rounds = Rounds(node.cfg, node.status, w, exchange, net, lambda mid: None)
+    for mid in w.module_ids:  # past the outer warm-up, so that the send's eager move (NodeConfig.eager) moves us
+        st = w.outer[mid]
+        w.outer[mid] = OuterState(st.anchor, st.momentum + 1e-3, spec.outer.warmup_rounds)
     w.train_inner(3)
     node.partial.maybe_save(node._save_partial, node.work)
     assert (tmp_path / FILE).is_file()
@@ -171,7 +175,10 @@ def test_sending_a_round_discards_the_saved_one_and_the_next_save_leaves_the_sen
     assert (got.round_steps, got.round_tokens) == (1, w.round_tokens)
     for mid in w.module_ids:
         sent = node.rounds.in_flight[mid].sent.local_when_sent
-        assert torch.equal(b.flat(mid), w.outer[mid].anchor + (w.flat(mid) - sent))
+        moved = node.rounds.in_flight[mid].moved
+        assert moved is not None and float(moved.abs().max()) > 0
+        # the steps since the send only: neither those sent nor the eager move (the round in flight brings its own)
+        assert torch.equal(b.flat(mid), w.outer[mid].anchor + (w.flat(mid) - (sent + moved)))
 
 
 def _metadata(path) -> dict:
