@@ -180,8 +180,10 @@ def eager_shift(state: OuterState, local_when_sent: torch.Tensor, outer: OuterOp
     errors (own Δ − mean) average to zero over the group, while the last mean's error is shared by every holder and
     the outer momentum amplifies it (a quadratic in tests/unit/test_round.py diverges with it at H = 50)."""
     local = local_when_sent.detach().to("cpu", torch.float32).reshape(-1)
-    if outer.kind == "nesterov" and state.round < outer.warmup_rounds:
-        # warm-up rounds are plain averaging: our own Δ would put us where we are (exactly: no rounding noise)
+    if outer.kind != "nesterov" or state.round < outer.warmup_rounds:
+        # Warm-up rounds are plain averaging: our own Δ would put us where we are (exactly: no rounding noise).
+        # SparseLoCo's step is a sparse top-k of the members' feedback buffers, which our dense Δ does not
+        # estimate: left alone (not measured).
         return torch.zeros_like(local)
     target = state.stepped(pseudo_gradient(state.anchor, local), outer).anchor
     return target - local

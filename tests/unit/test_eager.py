@@ -101,3 +101,5 @@ def test_a_round_not_applied_gives_back_the_weights_as_sent_plus_the_steps_since
     # in warm-up rounds the outer step is plain averaging: our own Δ moves us nowhere
     warm = OuterState(st.anchor, st.momentum, round=2)
     assert torch.count_nonzero(eager_shift(warm, at_send, dataclasses.replace(OUTER, warmup_rounds=3))) == 0
+    # SparseLoCo's sparse step is not what our dense Δ estimates: no move
+    assert torch.count_nonzero(eager_shift(st, at_send, dataclasses.replace(OUTER, kind="sparseloco"))) == 0
