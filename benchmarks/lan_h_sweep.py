@@ -45,9 +45,11 @@ def run_arm(job: dict) -> dict:
         spec, _ = make_spec(Path(tmp), a)
     if outer:
         spec = spec.replace(outer=dataclasses.replace(spec.outer, lr=outer[0], momentum=outer[1]))
+    if eager:
+        spec = spec.replace(outer=dataclasses.replace(spec.outer, eager=True))
     every = SYNC_EVAL_EVERY if h == 0 else h
     cfg = SimConfig(mode="sync" if h == 0 else "diloco", workers=WORKERS, rounds=a.steps // every, inner_steps=every,
-                    eval_batches=a.eval_batches, seed=0, overlap=overlap, eager=eager)
+                    eval_batches=a.eval_batches, seed=0, overlap=overlap)
     t0 = time.perf_counter()
     res = run_simulation(spec, cfg, docs=load_documents(spec.data))
     curve = [{"steps": r["round"] * every, "val_loss": r["val_loss"]["all"]} for r in res.rounds]
@@ -70,7 +72,7 @@ def main() -> None:
                     "before a round's mean lands, each run at every H (0: DiLoCo's schedule; 1: a decoupled node's "
                     "latest)")
     ap.add_argument("--eager", action="store_true", help="overlapped arms (overlap > 0) with eager updates "
-                    "(SimConfig.eager, node/train/round.py eager_shift)")
+                    "(the spec's [outer] eager: node/train/round.py eager_shift)")
     ap.add_argument("--steps", type=int, default=1200, help="inner steps per worker (vs_peers.py's --steps)")
     ap.add_argument("--eval-batches", type=int, default=32, help="held-out batches at each curve point")
     ap.add_argument("--jobs", type=int, default=2, help="arms run at once (one torch thread each)")

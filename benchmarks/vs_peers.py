@@ -7,8 +7,8 @@ harness (tests/links.py):
 - `pathswarm int8`: real `pathswarm node run` processes as users run them (int8 + zstd, rounds in slices, the
   spec's defaults otherwise), H inner steps a round;
 - `pathswarm sparse`: the same with the sparse codec at its defaults (`[codec] kind = "sparse"`);
-- `pathswarm int8 no-eager` (on request, with --arms): the int8 arm with `node run --no-eager`, to see what eager
-  updates (node/train/round.py `eager_shift`) bring on these links;
+- `pathswarm int8 no-eager` (on request, with --arms and --eager): the int8 arm without the spec's `[outer] eager`
+  that --eager sets, to see what eager updates (node/train/round.py `eager_shift`) bring on these links;
 - `hivemind`: `hivemind.Optimizer` as its documentation configures collaborative training (no local updates:
   gradients accumulated across peers to a target batch of nodes × batch × --accum, then averaged);
 - `hivemind local`: `hivemind.Optimizer` with local updates, parameters averaged every H steps' worth of samples;
@@ -70,14 +70,16 @@ EVAL_BATCHES = 64
 
 
 # ---- the model, its data and its clock ---------------------------------------------------------------------------
-def make_spec(directory: Path, a, codec: CodecSpec | None = None, name: str = "vs-peers") -> tuple[SwarmSpec, Path]:
+def make_spec(directory: Path, a, codec: CodecSpec | None = None, name: str = "vs-peers",
+              eager: bool | None = None) -> tuple[SwarmSpec, Path]:
     base = SwarmSpec(name=name, levels=(1,),
                      model=ModelSpec(width=a.width, base_width=64, n_heads=4, layers_per_module=a.layers,
                                      context_len=a.context_len),
                      inner=InnerOptSpec(steps=a.inner_steps, batch_size=a.batch_size),
                      codec=codec or CodecSpec(),
                      outer=OuterOptSpec(lr=_given(a, "outer_lr", OuterOptSpec.lr),
-                                        momentum=_given(a, "outer_momentum", OuterOptSpec.momentum)),
+                                        momentum=_given(a, "outer_momentum", OuterOptSpec.momentum),
+                                        eager=bool(_given(a, "eager", False)) if eager is None else eager),
                      averaging=AveragingSpec(grace_s=a.grace_s, timeout_s=120.0, claim_ttl_s=30.0, slices=a.nodes))
     spec = init_spec(base, load_documents(base.data))
     directory.mkdir(parents=True, exist_ok=True)
@@ -149,7 +151,7 @@ class Snapshots(threading.Thread):
             self.stop.wait(0.2)
 
 
-def run_pathswarm(spec: SwarmSpec, spec_path: Path, profile: Profile, a, work: Path, eager: bool = True) -> dict:
+def run_pathswarm(spec: SwarmSpec, spec_path: Path, profile: Profile, a, work: Path) -> dict:
     rounds = (a.pathswarm_steps or a.steps) // a.inner_steps
     names = [f"n{i}" for i in range(a.nodes)]
     bootstrap = scaled(PROFILES["fiber"], path_param_count(spec), a.step["step_s"])
@@ -158,8 +160,7 @@ def run_pathswarm(spec: SwarmSpec, spec_path: Path, profile: Profile, a, work: P
         swarm.start_bootstrap(args=["--swarm", str(spec_path), "--host-maddr", net.maddr(0)], timeout_s=120)
         for i, name in enumerate(names):
             swarm.start_node(name, path="0", max_rounds=rounds, seed=i,
-                             extra=["--wait-peers", str(a.nodes), "--host-maddr", net.maddr(i + 1),
-                                    *([] if eager else ["--no-eager"])])
+                             extra=["--wait-peers", str(a.nodes), "--host-maddr", net.maddr(i + 1)])
         snaps = Snapshots(work / "run" / "n0-checkpoint", work / "snaps")
         (work / "snaps").mkdir(parents=True)
         snaps.start()
@@ -194,7 +195,7 @@ def run_pathswarm(spec: SwarmSpec, spec_path: Path, profile: Profile, a, work: P
             "round_wire_s": {"median": statistics.median(wire) if wire else None, "n": len(wire)},
             "replicas": _replicas(statuses), "failed_nodes": failed,
             "settings": {"inner_steps": a.inner_steps, "rounds": rounds, "slices": spec.averaging.slices,
-                         "codec": spec.codec.kind, "grace_s": spec.averaging.grace_s, "eager": eager,
+                         "codec": spec.codec.kind, "grace_s": spec.averaging.grace_s, "eager": spec.outer.eager,
                          "outer": [spec.outer.lr, spec.outer.momentum]}}
 
 
@@ -346,6 +347,8 @@ def main() -> None:
                     f"(default: the spec's, {OuterOptSpec.lr})")
     ap.add_argument("--outer-momentum", type=float, default=None, help=f"their outer momentum (default: the spec's, "
                     f"{OuterOptSpec.momentum}); benchmarks/lan_h_sweep.py --overlap measures settings for small H")
+    ap.add_argument("--eager", action="store_true", help="the pathswarm arms' spec sets [outer] eager (eager updates; "
+                    "pair with a smaller --outer-lr: benchmarks/lan_h_sweep.py --eager)")
     ap.add_argument("--accum", type=int, default=4, help="micro-steps per global step: ddp accum, hivemind")
     ap.add_argument("--grace-s", type=float, default=30.0)
     ap.add_argument("--time-cap", type=float, default=240.0, help="seconds of training per arm at most")
@@ -391,7 +394,9 @@ def main() -> None:
                 arm_dir = work / link / arm.replace(" ", "-")
                 s, p = (sparse_spec, sparse_path) if arm == "pathswarm sparse" else (spec, spec_path)
                 if arm.startswith("pathswarm"):
-                    res = run_pathswarm(s, p, profile, a, arm_dir, eager="no-eager" not in arm)
+                    if arm == "pathswarm int8 no-eager":
+                        s, p = make_spec(work, a, name="vs-peers-no-eager", eager=False)
+                    res = run_pathswarm(s, p, profile, a, arm_dir)
                 else:
                     res = run_baseline(arm, spec_path, profile, a, arm_dir)
                 res["curve"] = evaluate(s, res.pop("snapshots"), batches)  # the same weights: only the id differs

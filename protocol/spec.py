@@ -164,6 +164,8 @@ class SwarmSpec:
             del out["averaging"]["slices"]  # the default, as before the field existed: the same id
         if self.outer.kind == "nesterov":  # likewise: a spec from before SparseLoCo keeps its id
             del out["outer"]["kind"], out["outer"]["beta"]
+        if not self.outer.eager:  # the default, as before the field existed: the same id
+            del out["outer"]["eager"]
         if self.codec.mean_k_per_chunk == 0:
             del out["codec"]["mean_k_per_chunk"]
         return out

@@ -164,6 +164,14 @@ class OuterOptSpec:
     stays at zero); the Nesterov step starts after them. The first outer gradients are the largest by far, and a
     cold momentum buffer would re-apply them for ~1/(1−momentum) rounds. Measured at H=50, 4 workers
     (benchmarks/diloco_vs_sync.py): final val loss 1.958 with 0, 1.921 with 3, 1.915 with 6, 1.931 with 10."""
+    eager: bool = False
+    """Eager updates (node/train/round.py `eager_shift`): at each decoupled send a member moves its local weights
+    (never its anchor) to where the outer step of its own Δ would take the anchor, and takes the move back out when
+    the round settles, so that the steps trained while the round is in flight start near the anchor it brings.
+    Anchors, digests and what a round merges are unchanged. Pair it with a smaller `lr`: in the simulator (8
+    workers, 1,200 steps, each mean landing a chunk late; benchmarks/lan_h_sweep.py --eager) it ended at 1.884 at
+    H = 10 with lr 0.35 (2.088 without it; 2.438 with it at lr 0.7) and 2.083 at H = 50 with lr 0.35 (2.120
+    without it at lr 0.7, its best there). Nesterov only."""
 
     def validate(self) -> None:
         require(self.kind in OUTER_KINDS, "outer.kind", f"must be one of {', '.join(OUTER_KINDS)}, got {self.kind!r}")
@@ -171,6 +179,7 @@ class OuterOptSpec:
         require(self.lr > 0, "outer.lr", "must be positive")
         require(0 <= self.momentum < 1, "outer.momentum", "must be in [0, 1)")
         require(self.warmup_rounds >= 0, "outer.warmup_rounds", "must be >= 0")
+        require(not self.eager or self.kind == "nesterov", "outer.eager", "applies to the Nesterov step only")
 
 
 @dataclass(frozen=True)

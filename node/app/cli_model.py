@@ -35,23 +35,20 @@ from pathswarm.protocol.spec import format_path
               help="dipaco/diloco: share of the next round's inner steps trained before a round's mean is applied, "
                    "as on a decoupled node whose round is in flight meanwhile (0: before the next step; 1: after all "
                    "of them).")
-@click.option("--eager", is_flag=True,
-              help="With --overlap: eager updates, as a node runs them (node run's default; see its --no-eager).")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
               help="Write the final modules here (readable by eval and generate).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write per-round losses, tokens and bytes as JSON.")
 @friendly
 def simulate(spec_path: str, mode: str, workers: int, rounds: int, inner_steps: int, lr: float, eval_batches: int,
-             seed: int, overlap: float, eager: bool, checkpoint_dir: str | None, json_path: str | None) -> None:
+             seed: int, overlap: float, checkpoint_dir: str | None, json_path: str | None) -> None:
     """Run the whole training algorithm in one process, without networking."""
     spec = load_spec_option(spec_path)
     from pathswarm.node.app.progress import run_with_progress
     from pathswarm.node.train.simulate import SimConfig
 
     cfg = SimConfig(mode=mode, workers=workers, rounds=rounds, inner_steps=inner_steps, lr=lr,
-                    eval_batches=eval_batches, seed=seed, overlap=overlap, eager=eager,
-                    checkpoint_dir=checkpoint_dir or "")
+                    eval_batches=eval_batches, seed=seed, overlap=overlap, checkpoint_dir=checkpoint_dir or "")
     result = run_with_progress(spec, cfg)
     write_json(json_path, result.to_json())
 

@@ -186,10 +186,6 @@ def node_plan(spec_path: str | None, join_id: str | None, initial_peers: tuple[s
               help="Benchmark baseline: every round waits for every node that ever held the module (a dead one "
                    "until it returns or the round times out), training waits for the round, and a round in which "
                    "a member dies fails for all, who redo its steps, as synchronous data-parallel training does.")
-@click.option("--no-eager", is_flag=True,
-              help="Train each chunk on from the weights just sent, instead of from where our own outer gradient "
-                   "moves the anchor (eager updates: the steps trained while a round is in flight then start near "
-                   "the anchor it brings). Changes only this node's local weights, never what the swarm agrees on.")
 @click.option("--max-tokens-per-s", type=float, default=0.0, show_default=True,
               help="Cap this node's training speed (0: no cap), e.g. to keep a shared machine responsive.")
 @click.option("--save-partial-s", type=float, default=2.0, show_default=True,
@@ -224,7 +220,7 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
              host_maddrs: tuple[str, ...], announce_maddrs: tuple[str, ...], checkpoint_dir: str | None,
              init_dir: str | None, ready_file: str | None,
              status_file: str | None, max_rounds: int, threads: int, seed: int, wait_peers: int,
-             offline: bool, sync_rounds: bool, no_eager: bool, max_tokens_per_s: float, save_partial_s: float,
+             offline: bool, sync_rounds: bool, max_tokens_per_s: float, save_partial_s: float,
              audit_rate: float, serve_state_mbps: float, optimizer: str | None, reachability: str,
              dashboard_port: int | None,
              dashboard_host: str) -> None:
@@ -261,7 +257,7 @@ def node_run(spec_path: str | None, join_id: str | None, initial_peers: tuple[st
                      host_maddrs=tuple(host_maddrs), announce_maddrs=tuple(announce_maddrs),
                      checkpoint_dir=checkpoint_dir or "", init_dir=init_dir or "", ready_file=ready_file or "",
                      status_file=status_file or "", max_rounds=max_rounds, threads=threads, seed=seed,
-                     wait_peers=wait_peers, offline=offline, sync_rounds=sync_rounds, eager=not no_eager,
+                     wait_peers=wait_peers, offline=offline, sync_rounds=sync_rounds,
                      max_tokens_per_s=max_tokens_per_s, partial_every_s=save_partial_s,
                      audit_rate=audit_rate, serve_state_mbps=serve_state_mbps, optimizer=optimizer or "",
                      reachability=reachability)

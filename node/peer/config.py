@@ -58,12 +58,6 @@ class NodeConfig:
     """Synchronous baseline for benchmarks/chaos.py: every round waits for every holder ever seen (dead ones
     until they return or timeout_s passes), training waits for the round (no grace window, no overlap), and a
     round in which a member dies fails for everyone, whose steps are thrown away, as data-parallel training does."""
-    eager: bool = True
-    """Decoupled rounds (not sync_rounds): eager updates (node/train/round.py `eager_shift`): at each send, move the
-    local weights to the outer step of our own outer gradient and train the next chunk from there, so that the
-    steps trained while the round is in flight start near the anchor it will bring; anchors, digests and what a
-    round merges are unchanged; no move in the outer warm-up rounds or with `[outer] kind = "sparseloco"`. False:
-    train on from the weights as sent."""
     max_tokens_per_s: float = 0.0
     """Cap on training speed (0: none): a volunteer sharing the machine keeps it responsive, and
     benchmarks/chaos.py makes each node's speed independent of how many others share the CPU."""

@@ -59,7 +59,7 @@ class InFlight:
     """The module's: its weights at the send (`merged_base`) and tokens (the unit's own contribution when K = 1)."""
     units: list[UnitFlight]
     moved: torch.Tensor | None = None
-    """Eager updates (NodeConfig.eager): what the module's local weights were moved by at the send (flat fp32),
+    """Eager updates (`[outer] eager`): what the module's local weights were moved by at the send (flat fp32),
     taken back out when the round settles (node/train/round.py `settle`) or is abandoned."""
     _reference: tuple[OuterState, float] | None = None
 

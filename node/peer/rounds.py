@@ -128,7 +128,7 @@ class Rounds:
                     order, unit.id, sent.round, sent.tokens, sent.digest_before, sent.frame, timeout)))
                 flights.append(flight)
             item = InFlight(parts[0] if len(parts) == 1 else whole_of(st, parts), flights)
-            if self.cfg.eager and not self.cfg.sync_rounds:
+            if self.spec.outer.eager and not self.cfg.sync_rounds:
                 # our next steps start from where our own Δ would take the anchor, not a whole outer step behind it
                 item.moved = eager_shift(st, local, self.spec.outer)
                 self.worker.set_flat(mid, local + item.moved)

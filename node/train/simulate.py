@@ -72,20 +72,16 @@ class SimConfig:
     before the next step; 1: after all H of them, the latest a decoupled node applies a round, since it sends round
     r + 1 once round r settled). The steps trained meanwhile stay on top of the result, as on the node
     (node/train/round.py `settle`); on a node the share is about the round's time on the wire ÷ the time of H steps.
-    The last round lands at once. With overlap, validation scores the anchors (the state a node's checkpoint holds),
-    not the local weights."""
+    The last round lands at once; with `[outer] eager` in the spec each send moves the workers' local weights as a
+    node's does (node/train/round.py `eager_shift`). With overlap, validation scores the anchors (the state a node's
+    checkpoint holds), not the local weights."""
 
-    eager: bool = False
-    """With overlap: eager updates (node/train/round.py `eager_shift`): at each send a worker moves its local weights
-    to the outer step of its own outer gradient and trains the next chunk from there; anchors are unchanged."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not 0.0 <= self.overlap <= 1.0:
             raise ValueError(f"overlap must be in [0, 1], got {self.overlap}")
-        if self.eager and not self.overlap:
-            raise ValueError("eager needs overlap > 0 (with no overlap every mean lands before the next step)")
         if self.overlap and self.mode == "sync":
             raise ValueError("overlap applies to the local-SGD modes (diloco, dipaco), not sync")
         for name in ("workers", "inner_steps", "lr"):
@@ -264,7 +260,7 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
             round_bytes += closed.bytes
             if cfg.overlap and r < cfg.rounds - 1:
                 in_flight[mid] = closed
-                if cfg.eager:
+                if spec.outer.eager:  # `[outer] eager`, as a node runs it
                     move_eagerly(spec, closed)
             else:
                 settle_module_round(spec, closed, carry, result)

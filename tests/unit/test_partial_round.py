@@ -148,6 +148,7 @@ def test_sending_a_round_discards_the_saved_one_and_the_next_save_leaves_the_sen
     from pathswarm.node.peer.node import Node, NodeConfig
     from pathswarm.node.peer.rounds import Rounds
 
+    spec = spec.replace(outer=dataclasses.replace(spec.outer, eager=True))  # the move is counted out too
     node = Node(NodeConfig(spec=spec, offline=True, checkpoint_dir=str(tmp_path)))
     node.worker = w = _worker(spec, synthetic_docs)
     # the network side of a send, stubbed: this checks the node's own bookkeeping
@@ -155,7 +156,7 @@ def test_sending_a_round_discards_the_saved_one_and_the_next_save_leaves_the_sen
     exchange = SimpleNamespace(contribute=lambda *args: None, skipped=list, distrusted={},
                                audits=SimpleNamespace(alerts=[]))
     node.rounds = Rounds(node.cfg, node.status, w, exchange, net, lambda mid: None)
-    for mid in w.module_ids:  # past the outer warm-up, so that the send's eager move (NodeConfig.eager) moves us
+    for mid in w.module_ids:  # past the outer warm-up, so that the send's eager move (`[outer] eager`) moves us
         st = w.outer[mid]
         w.outer[mid] = OuterState(st.anchor, st.momentum + 1e-3, spec.outer.warmup_rounds)
     w.train_inner(3)

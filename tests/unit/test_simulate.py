@@ -47,22 +47,20 @@ def test_overlapped_rounds_land_a_chunk_late_and_the_last_one_at_once(spec, synt
         SimConfig(mode="sync", overlap=1.0)
     with pytest.raises(ValueError, match="overlap"):
         SimConfig(mode="diloco", overlap=1.5)
-    with pytest.raises(ValueError, match="eager needs overlap"):
-        SimConfig(mode="diloco", eager=True)
 
 
 def test_eager_updates_move_local_weights_only(spec, synthetic_docs):
-    """eager (node/train/round.py `eager_shift`, past the outer warm-up): a worker trains the next chunk from where
-    its own Δ moves the anchor, and the move is taken back out when the round lands: anchors stay identical across
-    replicas, every round is applied, the run differs from plain overlap and learns."""
+    """`[outer] eager` (node/train/round.py `eager_shift`, past the outer warm-up): a worker trains the next chunk
+    from where its own Δ moves the anchor, and the move is taken back out when the round lands: anchors stay
+    identical across replicas, every round is applied, the run differs from plain overlap and learns."""
     import dataclasses
 
     spec = spec.replace(outer=dataclasses.replace(spec.outer, warmup_rounds=1))
-    cfg = dict(mode="diloco", workers=3, rounds=4, inner_steps=6, eval_batches=2, overlap=1.0)
-    late = run_simulation(spec, SimConfig(**cfg), docs=synthetic_docs)
-    eager = run_simulation(spec, SimConfig(**cfg, eager=True), docs=synthetic_docs)
+    cfg = SimConfig(mode="diloco", workers=3, rounds=4, inner_steps=6, eval_batches=2, overlap=1.0)
+    late = run_simulation(spec, cfg, docs=synthetic_docs)
+    eager = run_simulation(spec.replace(outer=dataclasses.replace(spec.outer, eager=True)), cfg, docs=synthetic_docs)
     assert eager.replicas_identical and eager.tokens_total == late.tokens_total
-    assert all(max(map(int, h)) == cfg["rounds"] for h in eager.history.values())
+    assert all(max(map(int, h)) == cfg.rounds for h in eager.history.values())
     # round 1 is the warm-up's (no move): the same anchors; from then on the runs part
     assert eager.rounds[1]["val_loss"] == late.rounds[1]["val_loss"]
     assert eager.val_loss_after["all"] != late.val_loss_after["all"]
@@ -157,8 +155,6 @@ def test_cli_simulate_overlap(tmp_path):
     assert res.exit_code == 2 and "overlap applies to the local-SGD modes" in res.output
     res = runner.invoke(main, ["simulate", "--spec", str(spec_path), "--overlap", "1.5"])
     assert res.exit_code == 2 and "--overlap" in res.output
-    res = runner.invoke(main, ["simulate", "--spec", str(spec_path), "--mode", "diloco", "--eager"])
-    assert res.exit_code == 2 and "eager needs overlap" in res.output
 
 
 def test_inner_training_never_rewrites_the_anchor(spec, synthetic_docs):

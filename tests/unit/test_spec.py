@@ -83,6 +83,19 @@ def test_the_creation_time_bounds_rounds_and_leaves_older_ids_alone(tmp_path):
         loads_spec("created = -1\n" + GOOD)
 
 
+def test_eager_updates_are_stated_only_when_on(tmp_path):
+    old = loads_spec(GOOD)
+    # off, the default: left out of the canonical form, so every id from before the field stays what it was
+    assert old.outer.eager is False and '"eager"' not in old.canonical_json()
+    eager = loads_spec(GOOD + "\n[outer]\neager = true\nlr = 0.35\n")
+    assert eager.outer.eager and eager.swarm_id != loads_spec(GOOD + "\n[outer]\nlr = 0.35\n").swarm_id
+    path = tmp_path / "s.toml"
+    path.write_text(eager.to_toml())
+    assert load_spec(path) == eager and load_spec(path).swarm_id == eager.swarm_id
+    with pytest.raises(SpecError, match="outer.eager"):
+        loads_spec(GOOD + '\n[outer]\neager = true\nkind = "sparseloco"\n[codec]\nfeedback = "buffer"\n')
+
+
 def test_paths_and_modules():
     spec = SwarmSpec(levels=(3, 2))
     assert spec.n_paths == 6
