@@ -131,7 +131,8 @@ class Rounds:
             if self.spec.outer.eager and not self.cfg.sync_rounds:
                 # our next steps start from where our own Δ would take the anchor, not a whole outer step behind it
                 item.moved = eager_shift(st, local, self.spec.outer)
-                self.worker.set_flat(mid, local + item.moved)
+                if item.moved is not None:
+                    self.worker.set_flat(mid, local + item.moved)
             self.in_flight[mid] = item
             self.flight_generation[mid] = self.generation
             out.append(mid)

@@ -171,20 +171,21 @@ def settle(state: OuterState, sent: Contribution, local_now: torch.Tensor, statu
     return Settlement(applied=False, local=kept, restore_feedback=True, carried_tokens=sent.tokens, reason=reason)
 
 
-def eager_shift(state: OuterState, local_when_sent: torch.Tensor, outer: OuterOptSpec) -> torch.Tensor:
+def eager_shift(state: OuterState, local_when_sent: torch.Tensor, outer: OuterOptSpec) -> torch.Tensor | None:
     """Eager updates (Kale et al., arXiv 2502.12996), adapted to anchors every holder keeps identical: at the send,
     what moves the local weights from where they are to the outer step of our own Δ, the estimate of the round's
     mean (`target − local_when_sent`, flat fp32). A decoupled member trains the next chunk from there instead of
     from weights a whole outer step behind the anchor it will get; `settle(moved=...)` takes the shift back out,
     so anchors, digests and what a round merges are unchanged. Why our own Δ and not the last mean: the holders'
     errors (own Δ − mean) average to zero over the group, while the last mean's error is shared by every holder and
-    the outer momentum amplifies it (a quadratic in tests/unit/test_round.py diverges with it at H = 50)."""
+    the outer momentum amplifies it (on a quadratic it diverged at H = 50, in the simulator too: docs/BENCHMARKS.md).
+    None: no move (the outer warm-up, SparseLoCo)."""
     local = local_when_sent.detach().to("cpu", torch.float32).reshape(-1)
     if outer.kind != "nesterov" or state.round < outer.warmup_rounds:
         # Warm-up rounds are plain averaging: our own Δ would put us where we are (exactly: no rounding noise).
         # SparseLoCo's step is a sparse top-k of the members' feedback buffers, which our dense Δ does not
         # estimate: left alone (not measured).
-        return torch.zeros_like(local)
+        return None
     target = state.stepped(pseudo_gradient(state.anchor, local), outer).anchor
     return target - local
 

@@ -99,8 +99,10 @@ def move_eagerly(spec: SwarmSpec, c: ClosedRound) -> None:
     to the outer step of its own outer gradient, and settles the round later with that move taken back out."""
     for w in c.holders:
         local = w.flat(c.mid)
-        c.moved[w.name] = eager_shift(w.outer[c.mid], local, spec.outer)
-        w.set_flat(c.mid, local + c.moved[w.name])
+        moved = eager_shift(w.outer[c.mid], local, spec.outer)
+        if moved is not None:
+            c.moved[w.name] = moved
+            w.set_flat(c.mid, local + moved)
 
 
 def settle_module_round(spec: SwarmSpec, c: ClosedRound, carry: dict[tuple[str, str], int], result: SimResult) -> None:

@@ -5,6 +5,8 @@ recorded): multi-node behaviour is tests/swarm's."""
 import concurrent.futures
 from types import SimpleNamespace
 
+import pytest
+
 from pathswarm.node.model.data import TokenSampler
 from pathswarm.node.peer.claims import Groups
 from pathswarm.node.peer.config import NodeConfig
@@ -375,3 +377,44 @@ def test_a_slice_that_says_out_of_sync_is_where_our_state_is_checked(synthetic_d
     rounds.poll(block=False)
     assert mid not in rounds.in_flight
     assert rounds.resyncs.checks() == [(mid, "r1")]
+
+
+@pytest.mark.parametrize("status", ["merged", "late", "failed"])
+def test_eager_moves_the_local_weights_at_the_send_and_the_settle_takes_the_move_back_out(spec, synthetic_docs,
+                                                                                           status):
+    """`[outer] eager` (node/train/round.py `eager_shift`): the send moves our local weights to the outer step of our
+    own Δ; whatever the round's fate, its settle leaves only the steps trained since the send on top of the anchor
+    it leaves (merged: the new one, from our weights as sent; late: the new one, from the old anchor, our Δ kept;
+    failed: the old one, our weights as sent)."""
+    import dataclasses
+
+    import torch
+
+    from pathswarm.compression import encode
+
+    spec = spec.replace(outer=dataclasses.replace(spec.outer, eager=True, warmup_rounds=0))
+    rounds, worker, _, _ = _rounds(spec, synthetic_docs)
+    mid = worker.module_ids[0]
+    before = worker.outer[mid]
+    worker.train_inner(1)
+    at_send = worker.flat(mid)
+    rounds.send(_groups(worker))
+    item = rounds.in_flight[mid]
+    assert item.moved is not None and float(item.moved.abs().max()) > 0
+    assert torch.allclose(worker.flat(mid), before.stepped(before.anchor - at_send, spec.outer).anchor, atol=1e-6)
+    worker.train_inner(1)
+    since = worker.flat(mid) - (at_send + item.moved)  # the steps trained since the send
+    mean = 1e-3 * torch.randn(before.anchor.numel(), generator=torch.Generator().manual_seed(0))
+    frame = b"" if status == "failed" else encode(mean)
+    item.units[0].future.set_result(RoundResult(mid, 0, status, mean_frame=frame, contributors=["me", "r1"],
+                                                reason="test"))
+    rounds.poll(block=False)
+    assert mid not in rounds.in_flight
+    after = worker.outer[mid]
+    if status == "failed":
+        assert after is before and torch.allclose(worker.flat(mid), at_send + since, atol=1e-5)
+        return
+    assert after.round == 1 and not torch.equal(after.anchor, before.anchor)
+    base = item.sent.merged_base if status == "merged" else before.anchor
+    kept = at_send - base  # merged: what our frame did not carry (if anything); late: our whole Δ, kept
+    assert torch.allclose(worker.flat(mid), after.anchor + kept + since, atol=1e-5)
