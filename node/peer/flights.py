@@ -61,6 +61,8 @@ class InFlight:
     moved: torch.Tensor | None = None
     """Eager updates (`[outer] eager`): what the module's local weights were moved by at the send (flat fp32),
     taken back out when the round settles (node/train/round.py `settle`) or is abandoned."""
+    state: OuterState | None = None
+    """The module's outer state the round was sent from (immutable: held, not copied)."""
     _reference: tuple[OuterState, float] | None = None
 
     @property
@@ -73,6 +75,15 @@ class InFlight:
             return self.units[0].sent.feedback_before.get("residual")
         parts = [f.sent.feedback_before.get("residual") for f in self.units]
         return None if any(p is None for p in parts) else torch.cat(parts)
+
+    def unsent_base(self, now: OuterState) -> torch.Tensor:
+        """What our steps not sent yet count from, with the module's state `now`: the weights at the send (and what
+        the frames did not carry), plus the eager move, plus how far the anchor moved if a re-sync replaced the state
+        meanwhile (node/peer/state_sync.py `_adopt` keeps our progress on top of the new anchor)."""
+        base = self.sent.merged_base if self.moved is None else self.sent.merged_base + self.moved
+        if self.state is not None and now is not self.state and not torch.equal(now.anchor, self.state.anchor):
+            base = base + (now.anchor - self.state.anchor)
+        return base
 
     def unit_moved(self, unit) -> torch.Tensor | None:
         """Our eager move's part in one unit (None: not moved)."""

@@ -127,7 +127,7 @@ class Rounds:
                 flight.future = self.net.submit(flight.timed(self.exchange.contribute(
                     order, unit.id, sent.round, sent.tokens, sent.digest_before, sent.frame, timeout)))
                 flights.append(flight)
-            item = InFlight(parts[0] if len(parts) == 1 else whole_of(st, parts), flights)
+            item = InFlight(parts[0] if len(parts) == 1 else whole_of(st, parts), flights, state=st)
             if self.spec.outer.eager and not self.cfg.sync_rounds:
                 # our next steps start from where our own Δ would take the anchor, not a whole outer step behind it
                 item.moved = eager_shift(st, local, self.spec.outer)
@@ -400,8 +400,7 @@ class Rounds:
         """Per module, what our steps not sent yet count from: the weights of the outer gradient in flight, else the
         anchor (the round in progress is saved as the steps since: node/peer/resume.py)."""
         inf = self.in_flight
-        return {mid: (inf[mid].sent.merged_base if inf[mid].moved is None else inf[mid].sent.merged_base
-                      + inf[mid].moved) if mid in inf else self.worker.outer[mid].anchor
+        return {mid: inf[mid].unsent_base(self.worker.outer[mid]) if mid in inf else self.worker.outer[mid].anchor
                 for mid in self.worker.module_ids}
 
     def unmerged_tokens(self) -> int:
