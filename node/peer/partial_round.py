@@ -34,6 +34,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from pathswarm.node.train.checkpoint import owned
 from pathswarm.node.train.inner import optimizer_kind
 from pathswarm.protocol.spec import SwarmSpec, format_path
 
@@ -89,15 +90,6 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def _cpu_own(t: torch.Tensor) -> torch.Tensor:
-    """`t` as a contiguous CPU tensor that owns its storage: a copy only when it is not one already (safetensors
-    refuses tensors that share memory when they overlap). The file is written before the caller trains on, so the
-    tensors need no snapshot of their own: at 25M parameters these copies cost a third of a save."""
-    t = t.detach().to("cpu").contiguous()
-    whole = t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
-    return t if whole else t.clone()
-
-
 def save_partial(root: str | Path, spec: SwarmSpec, worker, bases: dict[str, torch.Tensor],
                  carry: dict[str, int], counters: dict[str, Any] | None = None) -> Path:
     """Write the round in progress: per module, the flat local weights, and bases[mid] where that is not the anchor
@@ -105,15 +97,16 @@ def save_partial(root: str | Path, spec: SwarmSpec, worker, bases: dict[str, tor
     `counters` the node's counters as of now (kept as given: `saved_counters` reads them back)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
+    # written before the caller trains on: the tensors need no snapshot of their own (`owned` copies views only)
     tensors: dict[str, torch.Tensor] = {}
     anchors = {}
     for mid in worker.module_ids:
         st = worker.outer[mid]
         tensors[f"local.{mid}"] = worker.flat(mid).contiguous()
         if (residual := worker.feedback[mid].residual) is not None:  # error feedback: what frames have not carried
-            tensors[f"feedback.{mid}"] = _cpu_own(residual.float())
+            tensors[f"feedback.{mid}"] = owned(residual.float())
         if not torch.equal(bases[mid], st.anchor):
-            tensors[f"sent.{mid}"] = _cpu_own(bases[mid].float())
+            tensors[f"sent.{mid}"] = owned(bases[mid].float())
         anchors[mid] = [st.round, st.digest()]
     steps = {}
     for i, p in enumerate(_params(worker)):
@@ -123,7 +116,7 @@ def save_partial(root: str | Path, spec: SwarmSpec, worker, bases: dict[str, tor
                 if torch.is_tensor(value) and key != "step":
                     # AdamW8bit's quantisation maps are one tensor shared by every parameter: each gets a copy
                     tensors[f"opt.{i}.{key}"] = value.detach().to("cpu").clone() if key.startswith("qmap") \
-                        else _cpu_own(value)
+                        else owned(value)
             steps[str(i)] = int(st["step"])
     meta = {"format": FORMAT, "swarm_id": spec.swarm_id, "path": format_path(worker.path),
             "anchors": json.dumps(anchors), "round_tokens": str(int(worker.round_tokens)),

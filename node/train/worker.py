@@ -87,7 +87,9 @@ class PathWorker:
         st = self.outer[mid]
         weights = unflatten_like(self.model.module(mid).state_dict(), st.anchor)
         residual = residuals[mid] if residuals is not None and mid in residuals else self.feedback[mid].residual
-        return ModuleState(weights=weights, momentum=st.momentum.clone(), round=st.round, reducers=st.reducers,
+        # The anchor and momentum are not copied: an OuterState never changes (a round makes a new one), and at 1B
+        # parameters each copy is 4 GB held while the checkpoint writer writes. The residual changes in place.
+        return ModuleState(weights=weights, momentum=st.momentum, round=st.round, reducers=st.reducers,
                            feedback=None if residual is None else residual.clone())
 
     def restore(self, mid: str, state: ModuleState) -> None:

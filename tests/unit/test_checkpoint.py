@@ -17,6 +17,7 @@ from pathswarm.node.train.checkpoint import (
     ModuleState,
     load_checkpoint,
     module_digest,
+    owned,
     resolve_checkpoint_dir,
     save_checkpoint,
 )
@@ -51,6 +52,35 @@ def test_round_trip_is_exact(tmp_path):
         assert module_digest(got) == live.digest()
     manifest = json.loads((d / "manifest.json").read_text())
     assert manifest["swarm_id"] == SPEC.swarm_id
+
+
+def test_a_worker_s_state_is_written_without_copies_beyond_what_safetensors_needs(
+        tmp_path, synthetic_docs):
+    """PathWorker.module_state hands the checkpoint its outer state's momentum as it is (an OuterState never
+    changes: a round makes a new one) and weights copied once, and the write copies nothing again: at 1B
+    parameters each needless copy is 4 GB held while a round is written."""
+    from pathswarm.node.model.data import TokenSampler
+    from pathswarm.node.train.worker import PathWorker
+
+    sampler = TokenSampler(synthetic_docs, SPEC.model.context_len, seed=0)
+    worker = PathWorker(SPEC, (0, 1), lambda: sampler.sample(2))
+    mid = worker.module_ids[0]
+    state = worker.module_state(mid)
+    assert state.momentum is worker.outer[mid].momentum
+    def same(a, b):
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+    assert all(same(owned(v), v) for v in (*state.weights.values(), state.momentum))  # written as they are
+    whole = torch.arange(6.0)
+    assert same(owned(whole), whole) and not same(owned(whole[2:]), whole)
+    assert owned(whole[2:]).untyped_storage().nbytes() == 4 * 4
+    # what the file holds is the state as handed over, even after the worker moves on to another round
+    written = {m: worker.module_state(m) for m in worker.module_ids}
+    worker.train_inner(1)
+    worker.outer[mid] = worker.outer[mid].stepped(worker.pseudo_grad(mid), SPEC.outer)
+    save_checkpoint(tmp_path, SPEC, 0, written)
+    got = load_checkpoint(tmp_path, SPEC).modules[mid]
+    assert module_digest(got) == module_digest(written[mid]) != worker.outer[mid].digest()
 
 
 def round_dirs(root) -> list[str]:
