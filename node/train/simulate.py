@@ -239,10 +239,11 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
         train_loss: dict[str, list[float]] = {}
         losses: dict[int, list[float]] = {i: [] for i in range(len(workers))}
         before_landing = round(cfg.overlap * H) if in_flight else H
+        identical = True  # every holder of each round settled in this row holds the same state
         for part, steps in enumerate((before_landing, H - before_landing)):
             if part == 1 and in_flight:  # round r - 1 lands now: the steps trained so far stay on top of it
                 for mid in list(in_flight):
-                    settle_module_round(spec, in_flight.pop(mid), carry, result)
+                    identical &= _settled_alike(spec, in_flight.pop(mid), carry, result)
             t_inner = time.perf_counter()
             for i, w in enumerate(workers):
                 if steps:
@@ -251,7 +252,6 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
         for i, w in enumerate(workers):
             train_loss.setdefault(format_path(w.path), []).append(sum(losses[i][-10:]) / len(losses[i][-10:]))
         round_bytes = 0
-        identical = True
         for mid in spec.all_module_ids():
             holders = [w for w in workers if mid in w.module_ids]  # canonical order: worker index
             if not holders:
@@ -263,8 +263,7 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
                 if spec.outer.eager:  # `[outer] eager`, as a node runs it
                     move_eagerly(spec, closed)
             else:
-                settle_module_round(spec, closed, carry, result)
-            identical &= len({w.digest(mid) for w in holders}) == 1
+                identical &= _settled_alike(spec, closed, carry, result)
         if cfg.checkpoint_dir and r == cfg.rounds - 1:
             first_holder = {mid: next(w for w in workers if mid in w.module_ids)
                             for mid in spec.all_module_ids() if any(mid in w.module_ids for w in workers)}
@@ -284,6 +283,13 @@ def _run_local_sgd(spec: SwarmSpec, cfg: SimConfig, H: int, lr: float | None, wo
         result.rounds.append(row)
         emit("round", row)
     result.val_loss_after = result.rounds[-1]["val_loss"]
+
+
+def _settled_alike(spec: SwarmSpec, closed: ClosedRound, carry: dict[tuple[str, str], int],
+                   result: SimResult) -> bool:
+    """Settle a closed round (sim_round.py `settle_module_round`); True if its holders agree after it."""
+    settle_module_round(spec, closed, carry, result)
+    return len({w.digest(closed.mid) for w in closed.holders}) == 1
 
 
 def _anchor_losses(evaluator: RoutedEval, models: dict[tuple[int, ...], PathModel],
