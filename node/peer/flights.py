@@ -85,6 +85,10 @@ class InFlight:
             base = base + (now.anchor - self.state.anchor)
         return base
 
+    def replaced_by(self, now: OuterState) -> bool:
+        """The module's state is no longer the one this round was sent from (a re-sync replaced it meanwhile)."""
+        return self.state is not None and now is not self.state and now.digest() != self.state.digest()
+
     def unit_moved(self, unit) -> torch.Tensor | None:
         """Our eager move's part in one unit (None: not moved)."""
         return None if self.moved is None else self.moved[unit.lo:unit.hi]

@@ -235,11 +235,19 @@ class Rounds:
         self.settled_any = True
         st = self.worker.outer[mid]
         local_now = self.worker.flat(mid)
+        # A re-sync replaced the state this round was sent from (node/peer/state_sync.py `_adopt`, e.g. the split watch
+        # adopting the majority's version of the same round): its mean was made against the other state and is not
+        # ours to apply; our progress, re-based on the new anchor, carries as for a failed round.
+        replaced = item.replaced_by(st)
+        if replaced:
+            logger.info("module %s: our state was replaced while its round %d was in flight; its result is not "
+                        "applied, our steps carry", mid, item.sent.round)
         parts = []
         for flight in item.units:
             result, unit = flight.result, flight.unit
             assert result is not None  # _poll settles a module once every unit has its reply
-            parts.append(settle(view(st, unit), flight.sent, local_now[unit.lo:unit.hi], result.status,
+            status = RoundStatus.FAILED if replaced else result.status
+            parts.append(settle(view(st, unit), flight.sent, local_now[unit.lo:unit.hi], status,
                                 result.round, result.mean_frame if result.applicable else b"", result.digest_after,
                                 self.spec.outer, codec=self.spec.codec, discard=flight.discard,
                                 next_reducers=result.reducers, bound=flight.bound, decoded=flight.mean,
@@ -314,7 +322,7 @@ class Rounds:
             assert result is not None
             reason = result.reason if not result.applicable else part.reason
             logger.warning("%s round %d: %s (%s)", flight.unit.id, st.round, result.status, reason)
-            if result.status == "out_of_sync":
+            if result.status == "out_of_sync" and not replaced:  # replaced: a re-sync just happened
                 self._resync_later(mid, result.reducer or flight.reducer)
                 break
         # "behind": the reducer re-syncs itself; our outer gradient waits for the next round

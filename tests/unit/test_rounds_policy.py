@@ -418,3 +418,40 @@ def test_eager_moves_the_local_weights_at_the_send_and_the_settle_takes_the_move
     base = item.sent.merged_base if status == "merged" else before.anchor
     kept = at_send - base  # merged: what our frame did not carry (if anything); late: our whole Δ, kept
     assert torch.allclose(worker.flat(mid), after.anchor + kept + since, atol=1e-5)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_a_round_whose_state_a_resync_replaced_in_flight_is_not_applied_and_our_steps_carry(spec, synthetic_docs,
+                                                                                          eager):
+    """The split watch adopts the majority's version of a round while ours is in flight (node/peer/state_sync.py
+    `_adopt`, our progress re-based on its anchor); the reply, a mean made against the state we sent from, is then
+    not applied to the adopted one (it would leave our local weights off by the two versions' difference, which our
+    next outer gradient would push into the swarm): the round fails for us and our steps carry."""
+    import dataclasses
+
+    import torch
+
+    from pathswarm.compression import encode
+    from pathswarm.protocol.rounds.outer import OuterState
+
+    spec = spec.replace(outer=dataclasses.replace(spec.outer, eager=eager, warmup_rounds=0))
+    rounds, worker, _, _ = _rounds(spec, synthetic_docs)
+    mid = worker.module_ids[0]
+    worker.train_inner(1)
+    rounds.send(_groups(worker))
+    item = rounds.in_flight[mid]
+    tokens = item.sent.tokens
+    worker.train_inner(1)
+    old = worker.outer[mid]
+    adopted = OuterState(old.anchor + 0.01, old.momentum, old.round)  # the other version of the same round
+    local = worker.flat(mid)
+    worker.outer[mid] = adopted
+    worker.set_flat(mid, adopted.anchor + (local - old.anchor))
+    moved = torch.zeros_like(local) if item.moved is None else item.moved
+    assert (item.moved is not None) == eager
+    mean = 1e-3 * torch.ones(old.anchor.numel())
+    item.units[0].future.set_result(RoundResult(mid, 0, "merged", mean_frame=encode(mean), contributors=["me", "r1"]))
+    rounds.poll(block=False)
+    assert mid not in rounds.in_flight and worker.outer[mid] is adopted  # nothing applied
+    assert torch.allclose(worker.flat(mid), adopted.anchor + (local - moved - old.anchor), atol=1e-6)
+    assert rounds.carry[mid] == tokens and rounds.status.rounds_failed == 1
