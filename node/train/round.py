@@ -186,8 +186,14 @@ def eager_shift(state: OuterState, local_when_sent: torch.Tensor, outer: OuterOp
         # SparseLoCo's step is a sparse top-k of the members' feedback buffers, which our dense Δ does not
         # estimate: left alone (not measured).
         return None
-    target = state.stepped(pseudo_gradient(state.anchor, local), outer).anchor
-    return target - local
+    # target − local = Δ − lr · step, the step of protocol/rounds/outer.py `nesterov_step` on Δ, computed with two
+    # module-sized temporaries instead of a stepped copy of the whole state (tests/unit/test_eager.py checks the
+    # two agree)
+    delta = pseudo_gradient(state.anchor, local)
+    step = state.momentum.float() * outer.momentum + delta  # the momentum buffer after the step
+    if outer.nesterov:
+        step.mul_(outer.momentum).add_(delta)
+    return delta.sub_(step, alpha=outer.lr)
 
 
 # ---- a round in slices (protocol/rounds/slices.py) ----------------------------------------------------------------

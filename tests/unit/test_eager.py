@@ -88,7 +88,9 @@ def test_a_round_not_applied_gives_back_the_weights_as_sent_plus_the_steps_since
     move = eager_shift(st, at_send, OUTER)
     assert move is not None and float(move.abs().max()) > 0
     # the move is the outer step of our own Δ: to where the anchor would go if the mean were exactly ours
-    assert torch.allclose(at_send + move, st.stepped(st.anchor - at_send, OUTER).anchor, atol=1e-6)
+    for outer in (OUTER, dataclasses.replace(OUTER, nesterov=False), dataclasses.replace(OUTER, lr=0.35)):
+        assert torch.allclose(at_send + eager_shift(st, at_send, outer),
+                              st.stepped(st.anchor - at_send, outer).anchor, atol=1e-6)
     steps = 0.01 * torch.randn(D)
     done = settle(st, sent(st, at_send), at_send + move + steps, "failed", st.round, b"", "", OUTER, codec=CODEC,
                   moved=move)
