@@ -17,7 +17,7 @@ from pathswarm.protocol.rounds.heal import AppliedPart
 from pathswarm.protocol.rounds.messages import RoundReply
 from pathswarm.protocol.rounds.outer import OuterState
 from pathswarm.protocol.rounds.rule import reference_norm
-from pathswarm.protocol.rounds.slices import Unit
+from pathswarm.protocol.rounds.slices import Unit, view
 
 
 @dataclass
@@ -85,9 +85,12 @@ class InFlight:
             base = base + (now.anchor - self.state.anchor)
         return base
 
-    def replaced_by(self, now: OuterState) -> bool:
-        """The module's state is no longer the one this round was sent from (a re-sync replaced it meanwhile)."""
-        return self.state is not None and now is not self.state and now.digest() != self.state.digest()
+    def stale_units(self, now: OuterState) -> set[str]:
+        """The units whose part of the module's state is no longer the one they were sent from (a re-sync replaced
+        the state meanwhile); none when the state is the one sent from (compared by identity: no digest computed)."""
+        if self.state is None or now is self.state:
+            return set()
+        return {f.unit.id for f in self.units if view(now, f.unit).digest() != f.sent.digest_before}
 
     def unit_moved(self, unit) -> torch.Tensor | None:
         """Our eager move's part in one unit (None: not moved)."""

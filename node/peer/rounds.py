@@ -236,17 +236,20 @@ class Rounds:
         st = self.worker.outer[mid]
         local_now = self.worker.flat(mid)
         # A re-sync replaced the state this round was sent from (node/peer/state_sync.py `_adopt`, e.g. the split watch
-        # adopting the majority's version of the same round): its mean was made against the other state and is not
-        # ours to apply; our progress, re-based on the new anchor, carries as for a failed round.
-        replaced = item.replaced_by(st)
-        if replaced:
-            logger.info("module %s: our state was replaced while its round %d was in flight; its result is not "
-                        "applied, our steps carry", mid, item.sent.round)
+        # adopting the other version of the same round): a unit whose part of the state is not the one it was sent
+        # from takes no mean (made against the other version, it would leave our local weights off by the versions'
+        # difference, which our next outer gradient would push back into the swarm); its steps carry. A unit whose
+        # part is the same (two versions of a sliced round may differ in one slice only) settles as usual: its
+        # reducer's lineage is ours there (benchmarks/restarts.py: failing those too left holders behind for good).
+        stale = item.stale_units(st)
+        if stale:
+            logger.info("module %s: our state of %s was replaced while its round %d was in flight; not applied "
+                        "there, our steps carry", mid, ", ".join(sorted(stale)), item.sent.round)
         parts = []
         for flight in item.units:
             result, unit = flight.result, flight.unit
             assert result is not None  # _poll settles a module once every unit has its reply
-            status = RoundStatus.FAILED if replaced else result.status
+            status = RoundStatus.FAILED if unit.id in stale else result.status
             parts.append(settle(view(st, unit), flight.sent, local_now[unit.lo:unit.hi], status,
                                 result.round, result.mean_frame if result.applicable else b"", result.digest_after,
                                 self.spec.outer, codec=self.spec.codec, discard=flight.discard,
@@ -322,7 +325,7 @@ class Rounds:
             assert result is not None
             reason = result.reason if not result.applicable else part.reason
             logger.warning("%s round %d: %s (%s)", flight.unit.id, st.round, result.status, reason)
-            if result.status == "out_of_sync" and not replaced:  # replaced: a re-sync just happened
+            if result.status == "out_of_sync" and not stale:  # stale: a re-sync just happened
                 self._resync_later(mid, result.reducer or flight.reducer)
                 break
         # "behind": the reducer re-syncs itself; our outer gradient waits for the next round

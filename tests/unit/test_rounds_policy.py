@@ -455,3 +455,40 @@ def test_a_round_whose_state_a_resync_replaced_in_flight_is_not_applied_and_our_
     assert mid not in rounds.in_flight and worker.outer[mid] is adopted  # nothing applied
     assert torch.allclose(worker.flat(mid), adopted.anchor + (local - moved - old.anchor), atol=1e-6)
     assert rounds.carry[mid] == tokens and rounds.status.rounds_failed == 1
+
+
+def test_in_a_sliced_round_only_the_slices_a_resync_changed_are_refused(synthetic_docs):
+    """Two versions of a sliced round may differ in one slice only: after adopting the other version, the slices
+    whose state is the one we sent from are applied as usual (their reducers' lineage is ours there), the changed
+    one is not."""
+    import torch
+
+    from pathswarm.compression import encode
+    from pathswarm.protocol.rounds.outer import OuterState
+
+    rounds, worker, _ = _sliced_round_sent(synthetic_docs)
+    mid = "L0M0"
+    item = rounds.in_flight[mid]
+    units = [f.unit for f in item.units]
+    old = worker.outer[mid]
+    changed = units[1]
+    anchor = old.anchor.clone()
+    anchor[changed.lo:changed.hi] += 0.01
+    adopted = OuterState(anchor, old.momentum, old.round, old.reducers)  # the other version, one slice apart
+    local = worker.flat(mid)
+    worker.outer[mid] = adopted
+    worker.set_flat(mid, adopted.anchor + (local - old.anchor))
+    assert item.stale_units(adopted) == {changed.id} and item.stale_units(old) == set()
+    for flight in item.units:
+        mean = torch.full((flight.unit.numel,), 1e-4)
+        flight.future.set_result(RoundResult(flight.unit.id, 0, "merged", mean_frame=encode(mean),
+                                             contributors=["me", "r1", "r2"]))
+    rounds.poll(block=False)
+    after = worker.outer[mid]
+    assert mid not in rounds.in_flight and after.round == 1
+    for unit in units:
+        part = slice(unit.lo, unit.hi)
+        if unit is changed:  # not applied: the adopted version's slice, our steps on top
+            assert torch.equal(after.anchor[part], adopted.anchor[part])
+        else:
+            assert not torch.equal(after.anchor[part], adopted.anchor[part])
