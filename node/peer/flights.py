@@ -81,7 +81,7 @@ class InFlight:
         the frames did not carry), plus the eager move, plus how far the anchor moved if a re-sync replaced the state
         meanwhile (node/peer/state_sync.py `_adopt` keeps our progress on top of the new anchor)."""
         base = self.sent.merged_base if self.moved is None else self.sent.merged_base + self.moved
-        if self.state is not None and now is not self.state and not torch.equal(now.anchor, self.state.anchor):
+        if self.state is not None and now is not self.state:
             base = base + (now.anchor - self.state.anchor)
         return base
 

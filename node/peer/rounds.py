@@ -235,12 +235,8 @@ class Rounds:
         self.settled_any = True
         st = self.worker.outer[mid]
         local_now = self.worker.flat(mid)
-        # A re-sync replaced the state this round was sent from (node/peer/state_sync.py `_adopt`, e.g. the split watch
-        # adopting the other version of the same round): a unit whose part of the state is not the one it was sent
-        # from takes no mean (made against the other version, it would leave our local weights off by the versions'
-        # difference, which our next outer gradient would push back into the swarm); its steps carry. A unit whose
-        # part is the same (two versions of a sliced round may differ in one slice only) settles as usual: its
-        # reducer's lineage is ours there (benchmarks/restarts.py: failing those too left holders behind for good).
+        # A re-sync replaced the state this round was sent from: a unit whose part changed takes no mean (made against
+        # the other version) and its steps carry; the others settle as usual (docs/ARCHITECTURE.md, the split watch).
         stale = item.stale_units(st)
         if stale:
             logger.info("module %s: our state of %s was replaced while its round %d was in flight; not applied "
