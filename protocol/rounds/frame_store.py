@@ -33,6 +33,8 @@ class _Own:
     hash: str
     readers: frozenset[str] | None = None
     """The round's other contributors, once its result came and lists this frame (None: not come yet)."""
+    waiting: bool = True
+    """Our reply of the last send of this frame has not come: other askers are told "not yet"."""
 
 
 class FrameStore:
@@ -70,23 +72,33 @@ class FrameStore:
 
     # ---- our own frame of a round ------------------------------------------------------------------
     def sending(self, module: str, round_: int, peer: str, tokens: int, frame: bytes) -> None:
-        """We (`peer`) send this frame for (module, round): kept, served to nobody until the round's result comes."""
+        """We (`peer`) send this frame for (module, round): kept, served to nobody until the round's result comes.
+        The same frame sent again (to the next candidate, after its first reducer's mean proved a lie) stays served
+        to the members the first result listed: they are checking that lie now, and refusing them our frame while
+        the resend is open held each of them the whole gathering wait (4 s a module in benchmarks/hostile.py
+        `late-liar`) before it asked the liar."""
+        h = frame_hash(frame)
         with self._lock:
-            self._own[(module, round_)] = _Own(peer, tokens, frame, frame_hash(frame))
+            prev = self._own.get((module, round_))
+            same = prev is not None and (prev.peer, prev.tokens, prev.hash) == (peer, tokens, h)
+            readers = prev.readers if same else None
+            self._own[(module, round_)] = _Own(peer, tokens, frame, h, readers)
             for old in sorted(r for m, r in self._own if m == module)[:-FRAMES_KEPT]:
                 del self._own[(module, old)]
 
     def replied(self, module: str, round_: int, listed: dict[str, int], own_hash: str,
                 contributors: tuple[str, ...] | list[str]) -> None:
         """The round's result came: our frame is served to its other contributors if the result lists that frame
-        (our entry's hash is `own_hash`); else it is dropped (the round failed, or merged an earlier frame of ours)."""
+        (our entry's hash is `own_hash`); else it is dropped (the round failed, or merged an earlier frame of ours),
+        unless an earlier result listed it (a resend's round that failed: the first result's members still read it)."""
         with self._lock:
             own = self._own.get((module, round_))
             if own is None:
                 return
+            own.waiting = False
             if listed.get(own.peer) == own.tokens and own_hash == own.hash:
-                own.readers = frozenset(contributors) - {own.peer}
-            else:
+                own.readers = (own.readers or frozenset()) | (frozenset(contributors) - {own.peer})
+            elif own.readers is None:
                 del self._own[(module, round_)]
 
     def own_frame(self, module: str, round_: int, peer: str, reader: str) -> tuple[int, bytes] | str | None:
@@ -101,6 +113,6 @@ class FrameStore:
             own = self._own.get((module, round_))
             if own is None or own.peer != peer:
                 return None
-            if own.readers is None:
-                return NOT_YET
-            return (own.tokens, own.frame) if reader in own.readers else None
+            if own.readers is not None and reader in own.readers:
+                return own.tokens, own.frame
+            return NOT_YET if own.waiting else None

@@ -154,6 +154,27 @@ def test_a_kept_frame_is_served_only_to_the_rounds_contributors_and_only_when_th
     assert store.own_frame("m", 9, "QmB", "QmA") == (7, b"b") and store.own_frame("m", 9, "QmB", "QmX") is None
 
 
+def test_a_frame_sent_again_after_a_lie_stays_served_to_the_first_results_members():
+    """A member whose reducer's mean proved a lie sends the same frame to the next candidate; the other members of
+    the lying round, checking it, must still get our frame at once (not "not yet" until the resend's reply)."""
+    store = FrameStore()
+    store.sending("m", 0, "QmA", 5, b"ours")
+    store.replied("m", 0, {"QmA": 5, "QmB": 7, "QmL": 3}, frame_hash(b"ours"), ["QmA", "QmB", "QmL"])
+    store.sending("m", 0, "QmA", 5, b"ours")  # the resend
+    assert store.own_frame("m", 0, "QmA", "QmB") == (5, b"ours")
+    assert store.own_frame("m", 0, "QmA", "QmC") == NOT_YET  # not a member of the first result: not before the reply
+    store.replied("m", 0, {"QmA": 5, "QmC": 2}, frame_hash(b"ours"), ["QmA", "QmC"])  # the resend's round
+    assert store.own_frame("m", 0, "QmA", "QmC") == (5, b"ours")
+    assert store.own_frame("m", 0, "QmA", "QmB") == (5, b"ours")
+    store.sending("m", 1, "QmA", 5, b"ours 1")
+    store.replied("m", 1, {"QmA": 5, "QmB": 7}, frame_hash(b"ours 1"), ["QmA", "QmB"])
+    store.sending("m", 1, "QmA", 5, b"ours 1")
+    store.replied("m", 1, {}, "", [])  # the resend's round failed: the first result's members still read our frame
+    assert store.own_frame("m", 1, "QmA", "QmB") == (5, b"ours 1")
+    store.sending("m", 1, "QmA", 6, b"another frame")  # not the same frame: nobody reads it before its reply
+    assert store.own_frame("m", 1, "QmA", "QmB") == NOT_YET
+
+
 def test_the_frames_budget_lets_every_checker_ask_once_per_slice_a_round():
     """A member of a round in slices is asked for its frame once per checked slice by each member checking it: with
     16 slices of 2 modules, 32 requests a round from one checker must not be refused as a flood."""
