@@ -32,9 +32,10 @@ class UnitFlight:
     order: tuple[str, ...] = ()
     """Every candidate, in the agreed failover order (a slice's: rotated)."""
     retried: bool = False
-    """Sent again after its reducer was proven a liar (`_retry_after_lie`): once per round."""
+    """Sent again after its reducer was proven a liar (node/peer/round_checks.py `retry_after_lie`): once per round."""
     result: RoundReply | None = None
-    """The reply once it is in and checked (`_check_unit`): the round is settled when every unit has one."""
+    """The reply once it is in and checked (node/peer/round_checks.py `check`): the round is settled when every unit
+    has one."""
     bound: float | None = None
     mean: torch.Tensor | None = None
     discard: bool = False

@@ -8,7 +8,6 @@ us, and re-syncs when our replica is not the group's.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Collection
@@ -16,12 +15,12 @@ from concurrent.futures import Future
 
 import torch
 
-from pathswarm.node.peer.audit import Auditor
 from pathswarm.node.peer.claims import Groups
 from pathswarm.node.peer.config import NodeConfig
 from pathswarm.node.peer.flights import InFlight, UnitFlight, applied_parts, whole_of, wire_s
 from pathswarm.node.peer.node_status import NodeStatus
 from pathswarm.node.peer.resyncs import Resyncs
+from pathswarm.node.peer.round_checks import RoundChecks
 from pathswarm.node.train.round import (
     eager_shift,
     feedback_decay,
@@ -33,19 +32,8 @@ from pathswarm.node.train.round import (
 from pathswarm.node.train.worker import PathWorker
 from pathswarm.protocol.netloop import NetLoop
 from pathswarm.protocol.rounds.exchange import ModuleExchange
-from pathswarm.protocol.rounds.heal import AppliedLog, heal
-from pathswarm.protocol.rounds.messages import RoundReply, RoundStatus
-from pathswarm.protocol.rounds.outer import OuterState
-from pathswarm.protocol.rounds.reducer_state import RANK_LOST
+from pathswarm.protocol.rounds.messages import RoundStatus
 from pathswarm.protocol.rounds.reducers import candidates
-from pathswarm.protocol.rounds.rule import (
-    RoundError,
-    beyond_bound,
-    decode_mean,
-    mean_bound,
-    reference_norm,
-    suspicious,
-)
 from pathswarm.protocol.rounds.slices import agreed_list, slice_count, units_of, view
 
 logger = logging.getLogger(__name__)
@@ -83,8 +71,8 @@ class Rounds:
         # module → state rounds of merged_log whose digest was not the group's: our tokens are in the group's version
         # of that round (the reducer merged them), so a re-sync to the group's state keeps them (Splits.replaced)
         self.diverged_log: dict[str, set[int]] = {}
-        self.auditor = Auditor(cfg, status, exchange, net)  # checks other reducers' means (docs/SECURITY.md)
-        self.applied = AppliedLog()  # the means we applied lately: a liar's rounds are undone once it is proven one
+        self.checks = RoundChecks(cfg, status, worker, exchange, net)
+        self.auditor, self.applied = self.checks.auditor, self.checks.applied
 
     def send(self, groups: Groups, only: Collection[str] | None = None,
              new_generation: bool | None = None) -> list[str]:
@@ -112,7 +100,8 @@ class Rounds:
                 self.carry[mid] = self.carry.get(mid, 0) + tokens
                 continue
             self.auditor.before_send(mid, audits_by)
-            self._undo_lies(mid)
+            if self.checks.undo_lies(mid, self.merged_log.get(mid, {})):
+                self.publish_local(mid)
             st = self.worker.outer[mid]
             units = units_of(mid, st.anchor.numel(), slice_count(st.anchor.numel(), st.reducers or groups.genesis[mid],
                                                                  self.spec.averaging.slices))
@@ -154,7 +143,7 @@ class Rounds:
         """Settle the rounds that are done (blocking: wait for them up to timeout_s). Returns True when this
         leaves no round in flight after at least one settled: the round is complete. abandon: give up on
         rounds still open at the deadline (at shutdown). A unit sent again after a proven lie
-        (`_retry_after_lie`) is waited for as the first send was."""
+        (round_checks.py `retry_after_lie`) is waited for as the first send was."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None
                                        else self.spec.averaging.grace_s + self.spec.averaging.timeout_s + 5)
         self.auditor.poll()
@@ -170,7 +159,8 @@ class Rounds:
                         except Exception:
                             pass
                     if flight.future.done():
-                        self._check_unit(mid, item, flight)  # sets its result, or sends it again (a new future)
+                        # sets its result, or sends it again (a new future)
+                        self.checks.check(mid, item, flight, self.holders.get(mid, ()))
                 if all(f.result is not None for f in item.units):
                     self.in_flight.pop(mid)
                     self._settle(mid, item)
@@ -190,44 +180,6 @@ class Rounds:
             self.settled_any = False
             self.completed_generation = done
         return complete
-
-    def _check_unit(self, mid: str, item: InFlight, flight: UnitFlight) -> None:
-        """A unit's reply: checked before it may be applied (docs/ARCHITECTURE.md, "The check before applying"); a
-        proven lie sends the unit again to the next candidate instead."""
-        result: RoundReply = flight.future.result()
-        module = self.worker.outer[mid]
-        st = view(module, flight.unit)
-        uid = flight.unit.id
-        logger.debug("%s round %d: %s with %d contributors (%s)", uid, result.round, result.status,
-                     len(result.contributors), result.reason)
-        flight.discard = self.cfg.sync_rounds and result.reason.startswith(RANK_LOST)
-        bound, mean = None, None
-        if result.applicable and result.reducer and result.reducer != self.status.peer_id:
-            # before settle: the round rule's history norm is the momentum's before this round's mean moves it
-            reference = reference_norm(st)
-            # Another's round is applied only within what an honest round sends (protocol/rounds/rule.py
-            # `mean_bound`): our own outer gradient and the momentum, the whole module's even for a slice (ours may be
-            # all zeros in a slice where another member's is not: embedding rows of bytes our documents never had).
-            bound = mean_bound(item.sent.delta_norm, item.sent.tokens, item.module_reference(module), self.spec,
-                               len(result.contributors))
-            mean = self._decoded(st, result)  # once: for the checks here and for settle
-            # A mean pointing away from our own outer gradient in it (rule.py `suspicious`) is audited before applying.
-            suspect = (mean is not None and result.status.ours
-                       and suspicious(mean, st.anchor - flight.sent.local_when_sent))
-            refused = self.auditor.record(uid, result, reference, (flight.sent.tokens, flight.sent.frame),
-                                          self.holders.get(mid, ()), suspect=suspect)
-            lie = beyond_bound(mean, bound) if mean is not None and not refused else None
-            if lie is not None:
-                # As a lie caught before applying: we stop trusting the reducer and the round goes to the next one.
-                self.exchange.distrust(result.reducer, f"its mean of {uid} round {result.round}: {lie}")
-                refused = f"not applied: {lie}"
-            if refused and self._retry_after_lie(uid, flight, result):
-                return
-            if refused:  # checked before applying, and not to be applied: the round failed for us, our steps carry
-                result = dataclasses.replace(result, status=RoundStatus.FAILED,
-                                             reason=(refused if refused.startswith("not applied")
-                                                     else f"not applied: {refused}")[:300])
-        flight.result, flight.bound, flight.mean = result, bound, mean
 
     def _settle(self, mid: str, item: InFlight) -> None:
         """Every unit of the module's round has its checked reply: settle them (node/train/round.py), put the module
@@ -325,69 +277,6 @@ class Rounds:
                 self._resync_later(mid, result.reducer or flight.reducer)
                 break
         # "behind": the reducer re-syncs itself; our outer gradient waits for the next round
-
-    def _decoded(self, st: OuterState, result: RoundReply) -> torch.Tensor | None:
-        """The round's mean decoded, None when there is none or it does not decode (settling then refuses it)."""
-        if not result.mean_frame:
-            return None
-        try:
-            return decode_mean(result.mean_frame, st.anchor.numel(), self.spec.codec)
-        except RoundError:
-            return None
-
-    def _undo_lies(self, mid: str) -> None:
-        """Undo our rounds of `mid` from the round of a lie an audit proved (protocol/rounds/heal.py), keeping our
-        local progress on top of the healed anchor; before the module's next send, when none of its rounds is in
-        flight. Our tokens merged in the rounds undone are discarded: those steps are gone from the module."""
-        if not self.auditor.proven or mid in self.in_flight:
-            return
-        st = self.worker.outer[mid]
-        for liar, from_round in sorted(self.auditor.proven.items(), key=lambda kv: kv[1]):
-            try:
-                healed = heal(st, self.applied.rounds(mid), liar, from_round, self.spec.outer, self.spec.codec)
-            except RoundError as e:  # a kept mean that decoded when applied: cannot happen short of memory corruption
-                logger.error("module %s: cannot undo the liar's rounds: %s", mid, e)
-                healed = None
-            if healed is not None:
-                break
-        else:
-            return
-        self.applied.healed(mid)
-        self.worker.set_flat(mid, healed.state.anchor + (self.worker.flat(mid) - st.anchor))
-        self.worker.outer[mid] = healed.state
-        log = self.merged_log.get(mid, {})
-        lost = sum(log.pop(a.round + 1, 0) for a in healed.undone)
-        self.status.lies_undone(mid, len(healed.undone), lost)
-        logger.warning("module %s: undid rounds %d-%d (from the lie of %s an audit proved); state %s at round %d",
-                       mid, healed.undone[0].round, healed.undone[-1].round, liar[-8:], healed.state.digest()[:12],
-                       healed.state.round)
-        self.publish_local(mid)
-
-    def _retry_after_lie(self, uid: str, flight: UnitFlight, result: RoundReply) -> bool:
-        """A round whose reducer our check before applying proved a liar (its first rounds, or one on probation):
-        send the same contribution again, for the same round, to the next candidates of the agreed list (the
-        exchange skips proven liars). The honest members for whom the liar is new all check its round before
-        applying it, so they all leave it here and meet at the same next candidate, which closes the round
-        honestly: the lie costs the group a grace window instead of a round's progress. A member that had already
-        passed the liar's first checks applies the lie and answers at a later round (or, as a candidate, out of
-        sync): the round then fails for us as before, and the split watch heals the two versions. Once per round; not
-        for a reducer that merely did not show its frames (that proves nothing, and the others may have applied
-        its round)."""
-        if flight.retried or result.reducer not in self.exchange.distrusted:
-            return False
-        order = [p for p in flight.order if p != result.reducer]
-        if not order:
-            return False
-        timeout = self.spec.averaging.grace_s + self.spec.averaging.timeout_s
-        sent = flight.sent
-        flight.replied_at = None  # its time on the wire runs on to the resent unit's reply
-        flight.future = self.net.submit(flight.timed(self.exchange.contribute(
-            order, uid, sent.round, sent.tokens, sent.digest_before, sent.frame, timeout, after_lie=True)))
-        flight.reducer, flight.order, flight.retried = order[0], tuple(order), True
-        self.status.round_retried()
-        logger.warning("%s round %d: not applied (%s's mean is a lie); sent again to the next candidate",
-                       uid, result.round, result.reducer[-8:])
-        return True
 
     def _resync_later(self, mid: str, peer: str) -> None:
         """Re-sync `mid` at the next polls if a majority of its holders vouch for a state other than ours; `peer`

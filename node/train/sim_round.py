@@ -119,7 +119,7 @@ def settle_module_round(spec: SwarmSpec, c: ClosedRound, carry: dict[tuple[str, 
             if not closed.mean_frame:
                 status = "failed"
             piece = view(state, unit)
-            # the member's bound is the whole module's, as the node's (node/peer/rounds.py `_check_unit`)
+            # the member's bound is the whole module's, as the node's (node/peer/round_checks.py `check`)
             parts.append(settle(piece, mine, local[unit.lo:unit.hi], status, piece.round, closed.mean_frame,
                                 closed.digest_after, spec.outer, codec=spec.codec, next_reducers=following,
                                 bound=None if w.name == reducer else mean_bound(c.own_norm[w.name], mine.tokens,
