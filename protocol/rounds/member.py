@@ -4,7 +4,7 @@ Who may reduce comes in the agreed failover order (reducers.py): a candidate tha
 passes the round to the next, as does one whose state is behind the round (it refuses that round from then on); one
 that redirects us to an earlier candidate is followed (twice at most). A broken connection is tried once more: if
 the reducer merged our frame and only its reply was lost, it answers from the closed round ("merged"). After a proven
-lie (node/peer/rounds.py `_retry_after_lie`) a candidate that still defers to the liar is asked again, backing off,
+lie (node/peer/round_checks.py `retry_after_lie`) a candidate that still defers to the liar is asked again, backing off,
 for a grace window at most.
 
 The check on replies (docs/SECURITY.md): an honest result lists every contributor's (peer, tokens, frame hash);

@@ -163,13 +163,13 @@ def test_a_reducer_proven_a_liar_after_we_applied_its_rounds_has_them_undone_bef
     rounds.status.round_settled("shared", 200, 0)
     exchange.distrusted["liar"] = "its mean of it is not what its frames give"
     rounds.auditor.proven["liar"] = 0  # an audit proved its round 0 a lie
-    rounds._undo_lies(mid)
+    assert rounds.checks.undo_lies(mid, rounds.merged_log[mid])
     healed = worker.outer[mid]
     assert healed.round == 3 and torch.allclose(healed.anchor, good.anchor, atol=1e-5)
     assert torch.allclose(worker.flat(mid), healed.anchor + 0.25, atol=1e-5)  # our progress kept
     assert rounds.status.rounds_undone == 2 and rounds.merged_log[mid] == {}
     assert mid == "shared" and (rounds.status.tokens_merged, rounds.status.tokens_discarded) == (0, 200)
-    rounds._undo_lies(mid)  # once: the log that led to the lied state is gone
+    assert not rounds.checks.undo_lies(mid, rounds.merged_log[mid])  # once: the log that led to the lie is gone
     assert worker.outer[mid] is healed and rounds.status.rounds_undone == 2
 
 
