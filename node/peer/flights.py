@@ -61,7 +61,8 @@ class InFlight:
     units: list[UnitFlight]
     moved: torch.Tensor | None = None
     """Eager updates (`[outer] eager`): what the module's local weights were moved by at the send (flat fp32),
-    taken back out when the round settles (node/train/round.py `settle`) or is abandoned."""
+    taken back out when the round settles (node/train/round.py `settle`); a round still open when the run ends saves
+    none of our local weights (node/peer/node.py `_save_partial`), so none of the move outlives it."""
     state: OuterState | None = None
     """The module's outer state the round was sent from (immutable: held, not copied)."""
     _reference: tuple[OuterState, float] | None = None

@@ -217,7 +217,7 @@ class Node:
         """Save the round in progress (False: nothing to save, or not now)."""
         # Steps already sent are not saved: if their round merged, the swarm's anchor holds them already. At the end
         # of the run (final), a round still in flight was abandoned: its fate is unknown, nothing is saved.
-        if self.worker is not None and not self.rounds.abandoned and not (final and self.rounds.in_flight):
+        if self.worker is not None and not (final and self.rounds.in_flight):
             self.partial.save(self.worker, self.rounds.unsent_bases(), self.rounds.carry, self._counts())
             return self.partial.enabled
         return False

@@ -144,12 +144,12 @@ class RoundLoop:
                 continue  # nothing went out this time: not a round sent
             rounds_sent += 1
             if self.cfg.max_rounds and rounds_sent >= self.cfg.max_rounds:
-                self._poll(block=True, abandon=False, stoppable=False)
+                self._poll(block=True, stoppable=False)
                 break
         # Rounds still open after this are abandoned, but stay in flight: the last status file counts their tokens
         # unmerged (not known merged), and the next run, which cannot resume them, counts them lost. A run that ends
         # as planned gives them the grace window; one asked to stop (Ctrl-C) a moment only: it leaves at once.
-        self._poll(block=True, abandon=False, stoppable=False,
+        self._poll(block=True, stoppable=False,
                    timeout_s=STOP_SETTLE_S if self.stop_event.is_set() else spec.averaging.grace_s)
         if not self.stop_event.is_set():  # asked to stop, the last line says it (`_farewell`)
             for mid in self.rounds.in_flight:
@@ -165,7 +165,7 @@ class RoundLoop:
                          else self.spec.averaging.grace_s + self.spec.averaging.timeout_s + 5)
         while self.rounds.in_flight.keys() & set(waiting) and not self.stop_event.is_set() \
                 and time.monotonic() < deadline:
-            self._poll(block=True, timeout_s=min(STOP_POLL_S, max(0.0, deadline - time.monotonic())), abandon=False)
+            self._poll(block=True, timeout_s=min(STOP_POLL_S, max(0.0, deadline - time.monotonic())))
         ready = [mid for mid in waiting if mid not in self.rounds.in_flight]
         if ready and not self.stop_event.is_set():
             self.partial.on_send()
@@ -185,16 +185,16 @@ class RoundLoop:
             # The reducer fails the round when a member dies: it learns that from the claims we read here.
             deadline = t0 + self.spec.averaging.grace_s + self.spec.averaging.timeout_s + 5
             while self.rounds.in_flight and not self.stop_event.is_set() and time.monotonic() < deadline:
-                self._poll(block=True, timeout_s=1.0, abandon=False)
+                self._poll(block=True, timeout_s=1.0)
                 if self.rounds.in_flight:
                     self.seat.refresh()
-            self._poll(block=False, abandon=False)  # settles nothing new; completes the round if it is done
+            self._poll(block=False)  # settles nothing new; completes the round if it is done
         else:
-            self._poll(block=True, timeout_s=timeout_s, abandon=False)
+            self._poll(block=True, timeout_s=timeout_s)
         self.status.waited(time.monotonic() - t0)
 
-    def _poll(self, block: bool, timeout_s: float | None = None, abandon: bool = True, stoppable: bool = True) -> None:
-        if self._settle_rounds(block, timeout_s, abandon, stoppable):
+    def _poll(self, block: bool, timeout_s: float | None = None, stoppable: bool = True) -> None:
+        if self._settle_rounds(block, timeout_s, stoppable):
             self._round_complete()
         if self.stop_event.is_set():
             # Leaving: no heal or re-sync now. Their downloads meet peers that are leaving too, each waiting out its
@@ -203,18 +203,18 @@ class RoundLoop:
         self.splits.heal_found()
         self.sync.resync(self.rounds.resyncs, self.seat.holders)
 
-    def _settle_rounds(self, block: bool, timeout_s: float | None, abandon: bool, stoppable: bool) -> bool:
+    def _settle_rounds(self, block: bool, timeout_s: float | None, stoppable: bool) -> bool:
         """`Rounds.poll`, a blocking wait cut in slices so that a stop request ends it at once (a node waiting out
         a slow group's grace window left 10 s after Ctrl-C); True when the round is complete."""
         if not block:
-            return self.rounds.poll(False, None, abandon)
+            return self.rounds.poll(False)
         avg = self.spec.averaging
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else avg.grace_s + avg.timeout_s + 5)
         complete = False
         while True:
             left = max(0.0, deadline - time.monotonic())
             final = left <= STOP_POLL_S
-            complete = self.rounds.poll(True, min(left, STOP_POLL_S), abandon and final) or complete
+            complete = self.rounds.poll(True, min(left, STOP_POLL_S)) or complete
             if final or not self.rounds.in_flight or (stoppable and self.stop_event.is_set()):
                 return complete
 

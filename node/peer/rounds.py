@@ -65,7 +65,6 @@ class Rounds:
         self.flight_generation: dict[str, int] = {}  # module in flight → the generation it was sent in
         self.sending = False  # the current generation has late modules still to send (`generation_sent`)
         self.late_modules: set[str] = set()  # modules whose last applied round came late for us
-        self.abandoned = False  # a round's fate is unknown: its steps may or may not be in the swarm's anchor
         # module → state round → our tokens merged in the round that made it (a healed split takes them back)
         self.merged_log: dict[str, dict[int, int]] = {}
         # module → state rounds of merged_log whose digest was not the group's: our tokens are in the group's version
@@ -139,15 +138,15 @@ class Rounds:
         one after the send belongs to a round the checkpoint does not hold)."""
         return {mid: item.residual_before() for mid, item in self.in_flight.items()}
 
-    def poll(self, block: bool, timeout_s: float | None = None, abandon: bool = True) -> bool:
+    def poll(self, block: bool, timeout_s: float | None = None) -> bool:
         """Settle the rounds that are done (blocking: wait for them up to timeout_s). Returns True when this
-        leaves no round in flight after at least one settled: the round is complete. abandon: give up on
-        rounds still open at the deadline (at shutdown). A unit sent again after a proven lie
-        (round_checks.py `retry_after_lie`) is waited for as the first send was."""
+        leaves no round in flight after at least one settled: the round is complete. A round still open at the
+        deadline stays in flight, even at shutdown (node/peer/round_loop.py says why). A unit sent again after a
+        proven lie (round_checks.py `retry_after_lie`) is waited for as the first send was."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None
                                        else self.spec.averaging.grace_s + self.spec.averaging.timeout_s + 5)
         self.auditor.poll()
-        for last_pass in (False, True):  # the second pass: units sent again after a proven lie in the first
+        for _pass in (False, True):  # the second pass: units sent again after a proven lie in the first
             for mid in list(self.in_flight):
                 item = self.in_flight[mid]
                 for flight in item.units:
@@ -164,12 +163,6 @@ class Rounds:
                 if all(f.result is not None for f in item.units):
                     self.in_flight.pop(mid)
                     self._settle(mid, item)
-                elif last_pass and block and abandon:
-                    self.in_flight.pop(mid)
-                    if item.moved is not None:  # our steps stay as if trained from the weights we sent
-                        self.worker.set_flat(mid, self.worker.flat(mid) - item.moved)
-                    logger.warning("round of %s still open at shutdown; abandoned", mid)
-                    self.abandoned = True
         # The generations every module of which has settled: with a module sent late (its round before was still
         # open at the chunk's end), the next generation's sends are in flight when the older one completes.
         # A generation still sending is not complete, even with nothing of it in flight yet: its late modules may
