@@ -141,6 +141,13 @@ def _parse_levels(text: str) -> tuple[int, ...]:
                    "2508.15706): each member sends the top --sparse-percent of its decaying error-feedback buffer at "
                    "2 bits, the mean comes back at 3 bits, a plain outer step: ~100x fewer bytes than fp32 at int8's "
                    "loss after some 300 rounds, behind it early on (docs/BENCHMARKS.md, 'SparseLoCo').")
+@click.option("--eager", is_flag=True,
+              help="Eager updates (arXiv 2502.12996): at each send a node moves its own weights by the outer step of "
+                   "its own outer gradient, so that its next steps do not start a whole outer step behind the mean "
+                   "still on its way (nodes train on while a round is open). Only with a smaller outer step: the "
+                   "default --outer-lr becomes half the usual one. Measured on one path, H = 10, each mean a chunk "
+                   "late: 1.884 at lr 0.35 against 2.088 without (and worse than without at lr 0.7); no gain at "
+                   "H = 100 on home links (docs/BENCHMARKS.md). Nesterov only.")
 @click.option("--sparse-percent", type=click.FloatRange(0.01, 100), default=1.0, show_default=True,
               help="With --outer sparseloco: the share of each chunk of values a frame carries.")
 @click.option("--beta", type=click.FloatRange(0, 1, min_open=True), default=0.99, show_default=True,
@@ -167,8 +174,8 @@ def _parse_levels(text: str) -> tuple[int, ...]:
 def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, width: int, base_width: int, heads: int,
                layers_per_module: int, context_len: int, inner_steps: int | None, outer_lr: float | None,
                inner_lr: float, name: str, seed: int, slices: int, outer_kind: str, sparse_percent: float,
-               beta: float, force: bool, warm_start_steps: int, warm_start_batch: int, init_dir: str | None,
-               private: bool, owner_key: str | None, passphrase: bool) -> None:
+               eager: bool, beta: float, force: bool, warm_start_steps: int, warm_start_batch: int,
+               init_dir: str | None, private: bool, owner_key: str | None, passphrase: bool) -> None:
     """Define a new swarm: build a spec, fit the document router, print paths and routing.
 
     The spec records when it was written (`created`): peers refuse round numbers later than the swarm's age allows.
@@ -184,7 +191,7 @@ def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, widt
     if warm_start_steps and init_out.exists() and any(init_out.iterdir()) and not force:
         raise click.UsageError(f"{init_out} exists and is not empty; pass --force to overwrite it")
     data = DataSpec(corpus="dir", path=str(Path(data_dir).resolve())) if data_dir else DataSpec(corpus=corpus)
-    from pathswarm.node.app.swarm_init import SPARSELOCO_LR, round_defaults, sparseloco_sections
+    from pathswarm.node.app.swarm_init import EAGER_LR_SCALE, SPARSELOCO_LR, round_defaults, sparseloco_sections
 
     parsed_levels = _parse_levels(levels)
     default_h, default_outer_lr = round_defaults(parsed_levels)
@@ -193,7 +200,10 @@ def swarm_init(output: str, corpus: str, data_dir: str | None, levels: str, widt
         model=ModelSpec(width=width, base_width=base_width, n_heads=heads, layers_per_module=layers_per_module,
                         context_len=context_len, seed=seed),
         router=RouterSpec(seed=seed), inner=InnerOptSpec(steps=inner_steps or default_h, lr=inner_lr),
-        outer=OuterOptSpec(lr=outer_lr or default_outer_lr), data=data, averaging=AveragingSpec(slices=slices))
+        outer=OuterOptSpec(lr=outer_lr or default_outer_lr * (EAGER_LR_SCALE if eager else 1.0), eager=eager),
+        data=data, averaging=AveragingSpec(slices=slices))
+    if eager and outer_kind != "nesterov":
+        raise click.UsageError("--eager goes with --outer nesterov")
     if outer_kind == "sparseloco":
         base = base.replace(**sparseloco_sections(sparse_percent, beta, outer_lr or SPARSELOCO_LR))
     elif sparse_percent != 1.0 or beta != 0.99:

@@ -35,6 +35,13 @@ def round_defaults(levels: Sequence[int]) -> tuple[int, float]:
     return (50, 0.7) if all(k == 1 for k in levels) else (25, 0.5)
 
 
+EAGER_LR_SCALE = 0.5
+"""`swarm init --eager` halves the default outer learning rate: eager updates helped only with a smaller outer step
+(benchmarks/lan_h_sweep.py --eager, one path, 8 workers, H = 10, each mean a chunk late: lr 0.35 1.884, 0.25 1.891,
+0.5 1.984, against 2.438 at the default 0.7 and 2.088 without eager updates; H = 50: 0.35 2.083, 0.5 2.085, 2.353 at
+0.7). A grid's halved default (0.25) follows by analogy, not measured."""
+
+
 def init_spec(base: SwarmSpec, docs: Sequence[Document]) -> SwarmSpec:
     """`base` with its router fitted on the training split of `docs` (router.seed seeds k-means)."""
     train, _ = split(docs, base.data.val_fraction)

@@ -227,3 +227,26 @@ def test_swarm_init_writes_a_sparseloco_swarm(tmp_path):
     assert (spec.codec.value_bits, spec.codec.mean_k_per_chunk, spec.codec.mean_bits) == (2, 0, 3)  # as measured
     res = runner.invoke(main, ["swarm", "init", "-o", str(tmp_path / "x.toml"), *small, "--beta", "0.9"])
     assert res.exit_code == 2 and "go with --outer sparseloco" in res.output
+
+
+def test_swarm_init_writes_eager_updates_with_half_the_outer_step(tmp_path):
+    from pathswarm.protocol.spec import load_spec
+
+    runner = CliRunner()
+    small = ["--corpus", "synthetic", "--width", "32", "--base-width", "32", "--heads", "2",
+             "--layers-per-module", "1", "--context-len", "32"]
+    for levels, lr in (("1", 0.35), ("2x2", 0.25)):  # half of 0.7 (one path) and of 0.5 (a grid)
+        path = tmp_path / f"eager-{levels}.toml"
+        res = runner.invoke(main, ["swarm", "init", "-o", str(path), *small, "--levels", levels, "--eager"])
+        assert res.exit_code == 0, res.output
+        spec = load_spec(path)
+        assert spec.outer.eager and spec.outer.lr == pytest.approx(lr)
+    res = runner.invoke(main, ["swarm", "init", "-o", str(tmp_path / "lr.toml"), *small, "--eager",
+                               "--outer-lr", "0.4"])
+    assert res.exit_code == 0 and load_spec(tmp_path / "lr.toml").outer.lr == pytest.approx(0.4), res.output
+    res = runner.invoke(main, ["swarm", "init", "-o", str(tmp_path / "plain.toml"), *small, "--levels", "1"])
+    plain = load_spec(tmp_path / "plain.toml").outer
+    assert res.exit_code == 0 and not plain.eager and plain.lr == pytest.approx(0.7), res.output
+    res = runner.invoke(main, ["swarm", "init", "-o", str(tmp_path / "x.toml"), *small, "--eager",
+                               "--outer", "sparseloco"])
+    assert res.exit_code == 2 and "--eager goes with --outer nesterov" in res.output, res.output
