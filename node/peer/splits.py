@@ -258,7 +258,7 @@ class Splits:
                 # out it left one voucher of the older state, a "tie" its other holder did not see (it counts the
                 # claims): both sides kept their states for good (benchmarks/restarts.py --kill replying). The same
                 # claimants break a tie of two versions.
-                claimants = (set(self.holders(mid)) - {me} - set(self.status.distrusted)) | counted
+                claimants = (set(self.holders(mid)) - {me} - self.sync.caught()) | counted
                 heal = split_verdict(mid, mine.round, digest, me, announced, counted, chain, claimants)
                 merged = dict(self.status.groups.get(mid, {}))  # a copy: the training thread adds rounds
                 self.watch.observe(heal or self._ahead_for(mid, mine.round, digest, me, announced, counted,
@@ -287,6 +287,11 @@ class Splits:
         mine = self.sync.local_states.get(heal.module)
         if mine is None or (mine.round, mine.digest()) != heal.at:
             return  # our state moved on (a round, a re-sync): the next look decides again
+        if heal.peer in self.exchange.distrusted:
+            # caught lying after the look counted it (the look runs on another thread): the next look leaves it out
+            logger.info("module %s: not adopting %s's version of round %d: we caught it lying", heal.module,
+                        heal.peer[-8:], heal.round)
+            return
         self._found[heal.module] = heal
         self.rounds.resyncs.request_from(heal.module, heal.peer, heal.back_to)
 

@@ -67,6 +67,7 @@ def test_a_module_that_merges_none_of_our_rounds_is_counted_stalled_round_after_
 class _Exchange:
     def __init__(self, reduced: int):
         self.reduced, self.asked = reduced, []
+        self.distrusted: dict[str, str] = {}
 
     async def take_back_reduced(self, module: str, first_round: int) -> int:
         self.asked.append((module, first_round))
@@ -140,3 +141,19 @@ def test_announcements_name_their_chain_and_metrics_their_heals_within_the_recor
     assert parse_record(NodeMetrics, record_to_wire(metrics)) == metrics
     with pytest.raises(RecordError):
         parse_record(NodeMetrics, {**record_to_wire(metrics), "splits": [["shared", 1, 1]] * (MAX_SPLITS + 1)})
+
+
+def test_a_verdict_for_a_version_held_by_a_peer_caught_lying_meanwhile_is_not_healed_to():
+    """The split watch looks on the chores thread; a liar caught after its look counted it (its lied state against
+    ours, one holder each, its digest the smaller) must not be adopted when the training thread heals
+    (benchmarks/hostile.py `late-liar-huge`: an honest node trained a round on the lied state)."""
+    from pathswarm.node.peer.splits import Heal
+
+    splits, _, exchange = _splits({7: 10})
+    mine = SimpleNamespace(round=7, digest=lambda: "a122")
+    splits.sync.local_states["shared"] = mine
+    exchange.distrusted["liar"] = "its mean of shared round 6 is not what its frames give"
+    splits._heal(Heal("shared", 7, "liar", "8c5c", "a122", (7, "a122")))
+    assert splits.rounds.resyncs.take() == [] and splits._found == {}
+    splits._heal(Heal("shared", 7, "b", "8c5c", "a122", (7, "a122")))  # an honest holder's: healed
+    assert [r.peer for r in splits.rounds.resyncs.take()] == ["b"]

@@ -135,6 +135,25 @@ def test_a_download_with_another_reducer_list_than_the_vouched_one_is_refused(sy
     assert worker.outer["shared"].round == 7 and worker.outer["shared"].reducers == ("a", "b")
 
 
+def test_a_peer_caught_lying_counts_and_serves_nothing_from_the_moment_it_is_caught(sync):
+    """The status file's copy of whom we caught is refreshed at the next poll; what counts and what is downloaded
+    reads the exchange's own list, at once."""
+    fetched = []
+
+    async def fetch_state(peer, module, timeout_s, round_=-1):
+        fetched.append(peer)
+        return None
+
+    sync.exchange.fetch_state = fetch_state
+    sync.status.groups["shared"] = {"3": ["me", "liar", "b"]}
+    assert sync.announced("shared", ["liar", "b"], anns=[])[2] == {"liar", "b"}
+    sync.exchange.distrust("liar", "its mean of shared round 6 is not what its frames give")
+    assert sync.status.distrusted == {}  # not refreshed yet
+    assert sync.announced("shared", ["liar", "b"], anns=[])[2] == {"b"}
+    assert not sync.download("shared", "liar") and fetched == []
+    assert not sync.download_parts("shared", Vouched(7, "d", ("liar", "b"))) and fetched == []
+
+
 def test_a_vouched_state_is_downloaded_in_parts_from_its_holders_and_checked_like_a_whole_one(sync):
     import torch
 
