@@ -43,10 +43,11 @@ benchmarks/byzantine.py on the node's round rule (a simulator: it needs no netwo
 
 Per arm and honest node: the loss of its final checkpoint on a held-out set (HELDOUT_DOCS generated documents the
 swarm never trained on, routed to the node's path: about 250 a path; mean over repeats, each repeat, and the ratio
-to the clean arm, which the goal reads), the node's own final validation loss beside it (3 documents a path in
-this spec: it swings by 10-30 % between rounds, too noisy for a 2 % goal), rounds failed and rounds sent again
-after a lie caught before applying, bytes sent + received, replica mismatches, exit codes. JSON + a PNG of the
-ratios.
+to the clean arm, which the goal reads; beside it the same averaged over the two checkpoints each node keeps,
+`loss_ratio_kept`, less moved by a one-round spike at the final anchor), the node's own final validation loss
+beside it (3 documents a path in this spec: it swings by 10-30 % between rounds, too noisy for a 2 % goal), rounds
+failed and rounds sent again after a lie caught before applying, bytes sent + received, replica mismatches, exit
+codes. JSON + a PNG of the ratios.
 
     python benchmarks/hostile.py                          # ≈ 45 min on 2 cores (11 arms × 3 repeats)
     python benchmarks/hostile.py --rounds 10 --repeats 1  # a quick look
@@ -155,6 +156,17 @@ def heldout_losses(spec_path: Path, checkpoints: dict[str, tuple[str, Path]]) ->
     return out
 
 
+def heldout_kept(spec_path: Path, checkpoints: dict[str, tuple[str, Path]]) -> dict[str, float]:
+    """Each node's held-out loss averaged over the rounds its checkpoint keeps (the last two): the final anchor alone
+    can catch a one-round spike (a clean repeat's node a: 1.732 at round 29, 1.903 at round 30), which alone made the
+    clean arm's spread 10 %."""
+    out = {}
+    for name, (text, directory) in checkpoints.items():
+        kept = sorted(Path(directory).glob("round-*")) or [Path(directory)]
+        out[name] = statistics.fmean(heldout_losses(spec_path, {name: (text, d)})[name] for d in kept)
+    return out
+
+
 def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
     workdir.mkdir(parents=True)
     spec_path = workdir / "swarm.toml"
@@ -219,14 +231,15 @@ def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
         st = {n: swarm.status(n) or {} for n in names}
         liar = swarm.status("liar") if liar_arm else None
         lies = (workdir / "run" / "liar.log").read_text().count("LYING") if liar is not None else None
-        heldout = heldout_losses(spec_path, {n: (p, swarm.node_files(n)["checkpoint"])
-                                             for n, p in {**HONEST, "c": JOINER_PATH}.items()})
+        ckpts = {n: (p, swarm.node_files(n)["checkpoint"]) for n, p in {**HONEST, "c": JOINER_PATH}.items()}
+        heldout, kept = heldout_losses(spec_path, ckpts), heldout_kept(spec_path, ckpts)
     mismatches, compared = replica_mismatches(list(st.values()))
     forged = read_json(str(workdir / "hostile.json")) if (workdir / "hostile.json").exists() else None
     return {
         "exit_codes": codes,
         "val_loss": {n: st[n].get("val_loss_after") for n in HONEST},
         "heldout_loss": heldout,
+        "heldout_loss_kept": kept,
         "rounds_failed": {n: st[n].get("rounds_failed", 0) for n in HONEST},
         "rounds_per_s": {n: st[n].get("round", 0) / max(st[n].get("train_wall_s") or 0.0, 1e-9) for n in HONEST},
         "rounds_retried": {n: st[n].get("rounds_retried", 0) for n in HONEST},
@@ -304,11 +317,16 @@ def main() -> None:
     mean = {arm: {n: statistics.fmean(r["val_loss"][n] for r in rs) for n in HONEST} for arm, rs in runs.items()}
     held = {arm: {n: statistics.fmean(r["heldout_loss"][n] for r in rs) for n in rs[0]["heldout_loss"]}
             for arm, rs in runs.items()}  # the joiner's too (its own path: the goal reads a's and b's)
+    kept = {arm: {n: statistics.fmean(r["heldout_loss_kept"][n] for r in rs) for n in rs[0]["heldout_loss_kept"]}
+            for arm, rs in runs.items()}
     arms = {}
     for arm, rs in runs.items():
         arms[arm] = {
             "heldout_loss_mean": held[arm], "heldout_loss_runs": [r["heldout_loss"] for r in rs],
             "loss_ratio": {n: held[arm][n] / held["clean"][n] for n in HONEST},
+            # beside the goal's figure: the same, each node's loss averaged over its two kept checkpoints
+            "heldout_loss_kept_mean": kept[arm], "heldout_loss_kept_runs": [r["heldout_loss_kept"] for r in rs],
+            "loss_ratio_kept": {n: kept[arm][n] / kept["clean"][n] for n in kept[arm]},
             "val_loss_mean": mean[arm], "val_loss_runs": [r["val_loss"] for r in rs],
             "val_loss_ratio": {n: mean[arm][n] / mean["clean"][n] for n in HONEST},
             "rounds_retried": sum(sum(r["rounds_retried"].values()) for r in rs),
@@ -361,7 +379,8 @@ def main() -> None:
         print(f"{a}: honest loss / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['loss_ratio'].items())}; "
               f"rounds/s / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['speed_ratio'].items())}; "
               f"largest |anchor| / clean = {arms[a]['anchor_ratio']:.3f} (clean's own spread "
-              f"{arms['clean']['anchor_spread']:.3f}); rounds undone {arms[a]['rounds_undone']}")
+              f"{arms['clean']['anchor_spread']:.3f}); rounds undone {arms[a]['rounds_undone']}; over the kept "
+              f"checkpoints / clean = {', '.join(f'{n} {r:.3f}' for n, r in arms[a]['loss_ratio_kept'].items())}")
     write_json(args.json, result)
     plot(result, args.plot)
 
