@@ -160,9 +160,11 @@ def heldout_kept(spec_path: Path, checkpoints: dict[str, tuple[str, Path]]) -> d
     """Each node's held-out loss averaged over the rounds its checkpoint keeps (the last two): the final anchor alone
     can catch a one-round spike (a clean repeat's node a: 1.732 at round 29, 1.903 at round 30), which alone made the
     clean arm's spread 10 %."""
+    from pathswarm.node.train.checkpoint import complete_rounds
+
     out = {}
     for name, (text, directory) in checkpoints.items():
-        kept = sorted(Path(directory).glob("round-*")) or [Path(directory)]
+        kept = complete_rounds(Path(directory)) or [Path(directory)]
         out[name] = statistics.fmean(heldout_losses(spec_path, {name: (text, d)})[name] for d in kept)
     return out
 

@@ -126,7 +126,7 @@ def _parse_levels(text: str) -> tuple[int, ...]:
               help="H: inner AdamW steps per outer round (default: 50 for one path, 25 for a grid of paths).")
 @click.option("--outer-lr", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Outer Nesterov learning rate (default: 0.7 for one path, 0.5 for a grid: measured, see "
-                   "docs/BENCHMARKS.md, 'Does it learn?').")
+                   "docs/BENCHMARKS.md, 'Does it learn?'; half of that with --eager).")
 @click.option("--inner-lr", type=float, default=3e-3, show_default=True,
               help="Inner AdamW learning rate at base width.")
 @click.option("--name", default="pathswarm", show_default=True, help="Swarm name (part of its id).")

@@ -78,6 +78,8 @@ class Heal:
     decides again)."""
     back_to: Vouched | None = None
     """A minority ahead: the older state a majority holds, which the download must be."""
+    counted: frozenset[str] = frozenset()
+    """The announcers whose word decided (a verdict made while one of them was not yet known to lie is void)."""
 
 
 def _latest(announced: Iterable[Announced], me: str, counted: Collection[str] | None) -> dict[str, Announced]:
@@ -125,7 +127,8 @@ def split_verdict(module: str, my_round: int, my_digest: str, me: str, announced
         winner = min(versions, key=lambda d: (-weight[d], d))
         if winner == mine[round_]:
             return None  # the others heal to us; our later rounds follow from this one
-        return Heal(module, round_, min(versions[winner]), winner, mine[round_], (my_round, my_digest))
+        return Heal(module, round_, min(versions[winner]), winner, mine[round_], (my_round, my_digest),
+                    counted=frozenset(latest) | frozenset(extra))
     return None
 
 
@@ -219,6 +222,11 @@ class SplitWatch:
             out, self._pending = self._pending, []
         return out
 
+    def forget(self, heal: Heal) -> None:
+        """A verdict dropped unheeded: the next look may find the same split again, and it is then taken."""
+        with self._lock:
+            self._seen.discard((heal.module, heal.round, heal.at))
+
 
 def first_lost_round(ours: dict[int, str], theirs: dict[int, str], their_round: int) -> int:
     """The first state round of ours (round → digest) that the adopted version (round → digest of the states it went
@@ -275,7 +283,8 @@ class Splits:
             patience = AHEAD_STRANGERS_PATIENCE_GRACES * self.sync.spec.averaging.grace_s
         if not self._ahead.due(mid, back, time.monotonic(), patience) or back is None:
             return None
-        return Heal(mid, back.round + 1, back.peers[0], back.digest, digest, (my_round, digest), back)
+        return Heal(mid, back.round + 1, back.peers[0], back.digest, digest, (my_round, digest), back,
+                    counted=frozenset(back.vouchers) | frozenset(back.peers))
 
     def heal_found(self) -> None:
         """Training thread: heal the splits `look` found since the last call."""
@@ -287,10 +296,13 @@ class Splits:
         mine = self.sync.local_states.get(heal.module)
         if mine is None or (mine.round, mine.digest()) != heal.at:
             return  # our state moved on (a round, a re-sync): the next look decides again
-        if heal.peer in self.exchange.distrusted:
-            # caught lying after the look counted it (the look runs on another thread): the next look leaves it out
-            logger.info("module %s: not adopting %s's version of round %d: we caught it lying", heal.module,
-                        heal.peer[-8:], heal.round)
+        liars = ({heal.peer} | heal.counted) & set(self.exchange.distrusted)
+        if liars:
+            # Caught lying after the look counted it (the look runs on another thread): its word may have decided
+            # the verdict. The next look leaves it out and decides again, the same split included.
+            logger.info("module %s: split verdict of round %d dropped: %s counted in it, and we caught it lying",
+                        heal.module, heal.round, ", ".join(sorted(p[-8:] for p in liars)))
+            self.watch.forget(heal)
             return
         self._found[heal.module] = heal
         self.rounds.resyncs.request_from(heal.module, heal.peer, heal.back_to)

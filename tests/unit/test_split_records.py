@@ -153,7 +153,15 @@ def test_a_verdict_for_a_version_held_by_a_peer_caught_lying_meanwhile_is_not_he
     mine = SimpleNamespace(round=7, digest=lambda: "a122")
     splits.sync.local_states["shared"] = mine
     exchange.distrusted["liar"] = "its mean of shared round 6 is not what its frames give"
-    splits._heal(Heal("shared", 7, "liar", "8c5c", "a122", (7, "a122")))
+    # the look's verdicts go through the watch, as on the chores thread
+    splits.watch.observe(Heal("shared", 7, "liar", "8c5c", "a122", (7, "a122"), counted=frozenset({"liar"})))
+    splits.heal_found()
     assert splits.rounds.resyncs.take() == [] and splits._found == {}
-    splits._heal(Heal("shared", 7, "b", "8c5c", "a122", (7, "a122")))  # an honest holder's: healed
+    # an honest holder's word, decided with the liar counted: dropped too (the liar may have tipped it)
+    splits.watch.observe(Heal("shared", 7, "b", "8c5c", "a122", (7, "a122"), counted=frozenset({"b", "liar"})))
+    splits.heal_found()
+    assert splits.rounds.resyncs.take() == []
+    # the next look, without the liar, finds the same split for the same state of ours: taken this time
+    splits.watch.observe(Heal("shared", 7, "b", "8c5c", "a122", (7, "a122"), counted=frozenset({"b", "c"})))
+    splits.heal_found()
     assert [r.peer for r in splits.rounds.resyncs.take()] == ["b"]
