@@ -79,11 +79,15 @@ HONEST = {"a": "0.0", "b": "0.1"}
 JOINER_PATH = "1.0"  # its L0M1 is a module nobody has trained before it joins
 ARMS = ("clean", "forged-state", "dht-stuffing", "lying-reducer", "flood", "silent-claimant", "late-liar",
         "late-liar-huge", "late-liar-noise", "fourth-honest", "fourth-leaves")
-LIE_FROM = 6  # the late liars' first lying round; `fourth-leaves` trains the rounds before it
-NEVER = str(10**9)  # a first lying round no run reaches
-LIAR_ARMS = {"lying-reducer": ("0", "-1"), "late-liar": (str(LIE_FROM), "-1"),
-             "late-liar-huge": (str(LIE_FROM), "-1e4"), "late-liar-noise": (str(LIE_FROM), "noise3"),
-             "fourth-honest": (NEVER, "-1"), "fourth-leaves": (NEVER, "-1")}
+LIE_FROM = 6
+"""The late liars' first lying round (`--lie-from`); `fourth-leaves` trains the rounds before it. Its checked rounds
+are 0-2 (NEW_REDUCER_AUDITS), so 3 is the earliest a liar past them can lie: 6 leaves a margin, at the price of 6
+honest rounds on a's path that pull the modules b shares towards a's documents (`fourth-leaves`: b ~2 % above
+clean)."""
+NEVER = 10**9  # a first lying round no run reaches
+LATE = -1  # in LIAR_ARMS: the run's --lie-from
+LIAR_ARMS = {"lying-reducer": (0, "-1"), "late-liar": (LATE, "-1"), "late-liar-huge": (LATE, "-1e4"),
+             "late-liar-noise": (LATE, "noise3"), "fourth-honest": (NEVER, "-1"), "fourth-leaves": (NEVER, "-1")}
 """The liar's (first lying round of a module, factor of the true mean it sends) in each arm (tests/lying_node.py);
 `fourth-honest`'s first lying round is never reached."""
 SAME_SWARM = "fourth-honest"  # the lie arms' swarm, nobody lying: their second baseline, beside clean
@@ -169,7 +173,7 @@ def heldout_kept(spec_path: Path, checkpoints: dict[str, tuple[str, Path]]) -> d
     return out
 
 
-def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
+def run_arm(arm: str, rounds: int, workdir: Path, lie_from: int = LIE_FROM) -> dict:
     workdir.mkdir(parents=True)
     spec_path = workdir / "swarm.toml"
     spec_path.write_text(spec_text())
@@ -185,8 +189,9 @@ def run_arm(arm: str, rounds: int, workdir: Path) -> dict:
             swarm.start_node(name, path=path, max_rounds=rounds, seed=i,
                              extra=["--wait-peers", "3" if third else "2", *pace(), *ident])
         if liar_arm:  # holds `shared` and `L0M0` with a and b; lies in rounds that merge all three
-            swarm.start_node("liar", path="0.0", max_rounds=LIE_FROM if arm == MATCHED else rounds, seed=7,
-                             entry=["-m", "tests.lying_node", "3", *LIAR_ARMS[arm]],
+            first, factor = LIAR_ARMS[arm]
+            swarm.start_node("liar", path="0.0", max_rounds=lie_from if arm == MATCHED else rounds, seed=7,
+                             entry=["-m", "tests.lying_node", "3", str(lie_from if first == LATE else first), factor],
                              extra=["--wait-peers", "3", *pace(), "--identity", str(keys["liar"])])
         if arm == "silent-claimant":  # claims path 0.0 (so `shared` and `L0M0`) and never finishes a round
             swarm.start_node("silent", path="0.0", max_rounds=rounds, seed=7,
@@ -274,7 +279,7 @@ def plot(result: dict, path: str) -> None:
         ax.bar([i + (j - 0.5) * width for i in range(len(attacks))], ratios, width, label=f"honest node {node}")
         for key, marker, what in ((CONTROLS[SAME_SWARM], "_", f"÷ {SAME_SWARM} (the lie arms' swarm, no lie)"),
                                   (CONTROLS[MATCHED], "x", f"÷ {MATCHED} (… its fourth node leaving at round "
-                                                           f"{LIE_FROM})")):
+                                                           f"{result.get('lie_from', LIE_FROM)})")):
             marks = [(i + (j - 0.5) * width, result["arms"][a][key][node])
                      for i, a in enumerate(attacks) if key in result["arms"][a]]
             if marks:
@@ -296,10 +301,14 @@ def main() -> None:
     ap = arguments(__doc__, "hostile", plot=True, replot=True)
     ap.add_argument("--rounds", type=int, default=30, help="rounds each honest node trains per run")
     ap.add_argument("--repeats", type=int, default=3, help="runs per arm (run-to-run spread is several %%)")
+    ap.add_argument("--lie-from", type=int, default=LIE_FROM,
+                    help="the late liars' first lying round of a module (≥ 3: its rounds 0-2 are checked)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms among {', '.join(ARMS)} "
                     "(clean is always run: the others are measured against it)")
     ap.add_argument("--workdir", default="", help="keep every run's logs, statuses and checkpoints here")
     args = ap.parse_args()
+    if args.lie_from < 3:
+        ap.error(f"--lie-from {args.lie_from}: a reducer's rounds 0-2 are checked before they are applied (use ≥ 3)")
     arms_run = ["clean", *(a for a in args.arms.split(",") if a in ARMS and a != "clean")]
     if args.replot:
         plot(read_json(args.json), args.plot)
@@ -311,7 +320,7 @@ def main() -> None:
         tmp = args.workdir or scratch
         for rep in range(args.repeats):
             for arm in arms_run:  # interleaved: a slow patch of the machine hits every arm alike
-                got = run_arm(arm, args.rounds, Path(tmp) / f"{arm}-{rep}")
+                got = run_arm(arm, args.rounds, Path(tmp) / f"{arm}-{rep}", args.lie_from)
                 runs[arm].append(got)
                 print(f"repeat {rep + 1}/{args.repeats} {arm}: held-out loss {got['heldout_loss']}, "
                       f"val loss {got['val_loss']}, "
@@ -369,7 +378,8 @@ def main() -> None:
                 and arms[a]["crashed"] == 0 and not arms[a]["forged_state_adopted"]
                 and (a != "silent-claimant" or min(arms[a]["speed_ratio"].values()) >= SPEED_GOAL)
                 and (a not in LIAR_ARMS or arms[a]["anchor_ratio"] <= ANCHOR_GOAL) for a in attacks)
-    result = {"benchmark": "hostile", "rounds": args.rounds, "repeats": args.repeats, "machine": machine(),
+    result = {"benchmark": "hostile", "rounds": args.rounds, "repeats": args.repeats, "lie_from": args.lie_from,
+              "machine": machine(),
               "arms": arms, "goal": "each attack: honest loss within 2 % of clean, replicas identical, no crash; "
               "a silent claimant: rounds per second >= 0.9 x clean's; a liar: the honest anchors' largest |value| "
               "<= 1.1 x clean's",
