@@ -162,10 +162,10 @@ class StateSync:
         return announced, me, counted_peers(merged, claim_holders, me, caught)
 
     def caught(self) -> set[str]:
-        """The peers we caught lying, as of now: the exchange's list (the status file's copy is refreshed only at the
-        next poll, and the split watch, counting a liar caught in between, adopted its lied state: a tie of one holder
-        against it, broken by the smaller digest, benchmarks/hostile.py `late-liar-huge`)."""
-        return set(self.status.distrusted) | set(self.exchange.distrusted)
+        """The peers we caught lying, as of now: the exchange's own list. Not the status file's copy, refreshed only at
+        the next poll: the split watch, counting a liar caught in between, adopted its lied state (a tie of one holder
+        against it, broken by the smaller digest: benchmarks/hostile.py `late-liar-huge`)."""
+        return set(self.exchange.distrusted)
 
     def behind(self, mid: str, claim_holders: list[str], resyncs: Resyncs) -> None:
         """A contribution claimed a later round of `mid` than ours: re-sync only to a state a majority vouches for."""

@@ -80,8 +80,8 @@ class FrameStore:
         h = frame_hash(frame)
         with self._lock:
             prev = self._own.get((module, round_))
-            same = prev is not None and (prev.peer, prev.tokens, prev.hash) == (peer, tokens, h)
-            readers = prev.readers if prev is not None and same else None
+            readers = (prev.readers if prev is not None and (prev.peer, prev.tokens, prev.hash) == (peer, tokens, h)
+                       else None)
             self._own[(module, round_)] = _Own(peer, tokens, frame, h, readers)
             for old in sorted(r for m, r in self._own if m == module)[:-FRAMES_KEPT]:
                 del self._own[(module, old)]
