@@ -9,6 +9,8 @@ harness (tests/links.py):
 - `pathswarm sparse`: the same with the sparse codec at its defaults (`[codec] kind = "sparse"`);
 - `pathswarm int8 no-eager` (on request, with --arms and --eager): the int8 arm without the spec's `[outer] eager`
   that --eager sets, to see what eager updates (node/train/round.py `eager_shift`) bring on these links;
+- `pathswarm int8 one-reducer` (on request): the int8 arm with one reducer a round (`[averaging] slices = 1`, the
+  spec's default) instead of --slices: a round of 8 slices opens 8 streams a member, what a fast link does not need;
 - `hivemind`: `hivemind.Optimizer` as its documentation configures collaborative training (no local updates:
   gradients accumulated across peers to a target batch of nodes × batch × --accum, then averaged);
 - `hivemind local`: `hivemind.Optimizer` with local updates, parameters averaged every H steps' worth of samples;
@@ -71,7 +73,7 @@ EVAL_BATCHES = 64
 
 # ---- the model, its data and its clock ---------------------------------------------------------------------------
 def make_spec(directory: Path, a, codec: CodecSpec | None = None, name: str = "vs-peers",
-              eager: bool | None = None) -> tuple[SwarmSpec, Path]:
+              eager: bool | None = None, slices: int | None = None) -> tuple[SwarmSpec, Path]:
     base = SwarmSpec(name=name, levels=(1,),
                      model=ModelSpec(width=a.width, base_width=64, n_heads=4, layers_per_module=a.layers,
                                      context_len=a.context_len),
@@ -80,7 +82,8 @@ def make_spec(directory: Path, a, codec: CodecSpec | None = None, name: str = "v
                      outer=OuterOptSpec(lr=_given(a, "outer_lr", OuterOptSpec.lr),
                                         momentum=_given(a, "outer_momentum", OuterOptSpec.momentum),
                                         eager=bool(_given(a, "eager", False)) if eager is None else eager),
-                     averaging=AveragingSpec(grace_s=a.grace_s, timeout_s=120.0, claim_ttl_s=30.0, slices=a.nodes))
+                     averaging=AveragingSpec(grace_s=a.grace_s, timeout_s=120.0, claim_ttl_s=30.0,
+                                             slices=slices or _given(a, "slices", 0) or a.nodes))
     spec = init_spec(base, load_documents(base.data))
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.toml"
@@ -351,6 +354,8 @@ def main() -> None:
                     "pair with a smaller --outer-lr: benchmarks/lan_h_sweep.py --eager)")
     ap.add_argument("--accum", type=int, default=4, help="micro-steps per global step: ddp accum, hivemind")
     ap.add_argument("--grace-s", type=float, default=30.0)
+    ap.add_argument("--slices", type=int, default=0, help="the pathswarm arms' [averaging] slices (default: --nodes, "
+                    "a slice per member: what spreads a round's bytes over home uplinks)")
     ap.add_argument("--time-cap", type=float, default=240.0, help="seconds of training per arm at most")
     ap.add_argument("--snap-every-s", type=float, default=8.0)
     ap.add_argument("--matchmaking-s", type=float, default=1.0,
@@ -396,6 +401,8 @@ def main() -> None:
                 if arm.startswith("pathswarm"):
                     if arm == "pathswarm int8 no-eager":
                         s, p = make_spec(work, a, name="vs-peers-no-eager", eager=False)
+                    elif arm == "pathswarm int8 one-reducer":
+                        s, p = make_spec(work, a, name="vs-peers-one-reducer", slices=1)
                     res = run_pathswarm(s, p, profile, a, arm_dir)
                 else:
                     res = run_baseline(arm, spec_path, profile, a, arm_dir)
