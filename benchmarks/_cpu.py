@@ -45,9 +45,19 @@ def kind_of(pid: str) -> str | None:
     return "node-dht" if "node run" in parent else "node"
 
 
+def host_times() -> tuple[float, float]:
+    """The machine's (busy, idle) core-seconds since boot, from /proc/stat (idle includes waiting for I/O)."""
+    fields = [int(v) for v in (PROC / "stat").read_text().split("\n", 1)[0].split()[1:]]
+    ticks = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]
+    return (sum(fields) - idle) / ticks, idle / ticks
+
+
 class CpuSampler:
     """`with CpuSampler() as cpu: ...` then `cpu.seconds()`: core-seconds per kind used by the processes that ran
-    meanwhile (those started before count only what they used after the start)."""
+    meanwhile (those started before count only what they used after the start). `mark()` moves the start to now
+    (a run's training, after its start-up), `stop()` ends the window before the `with` block does (before shutdown);
+    `host()` is the machine's busy and idle core-seconds over the same window."""
 
     def __init__(self, period_s: float = 0.5, kind_of=kind_of, kinds: tuple[str, ...] = KINDS):
         self.period_s, self.kind_of, self.kinds = period_s, kind_of, kinds
@@ -60,13 +70,30 @@ class CpuSampler:
 
     def __enter__(self) -> CpuSampler:
         self._sample(first=True)
+        self._host = [host_times(), None]
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def mark(self) -> None:
+        """Count from now on: what every process used so far is left out."""
+        self._sample()
+        self._first = dict(self._last)
+        self._host[0] = host_times()
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._thread.join()
         self._sample()
+        self._host[1] = host_times()
+
+    def host(self) -> dict[str, float]:
+        (b0, i0), (b1, i1) = self._host[0], self._host[1] or host_times()
+        return {"busy_s": round(b1 - b0, 2), "idle_s": round(i1 - i0, 2)}
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -89,5 +116,7 @@ class CpuSampler:
     def seconds(self) -> dict[str, float]:
         out = dict.fromkeys(self.kinds, 0.0)
         for pid, used in self._last.items():
-            out[self._kinds[pid]] += (used - self._first.get(pid, 0)) / self._ticks
+            kind = self._kinds[pid]
+            assert kind is not None
+            out[kind] += (used - self._first.get(pid, 0)) / self._ticks
         return {k: round(v, 2) for k, v in out.items()}

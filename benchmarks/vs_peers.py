@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 import torch
+from _cpu import CpuSampler, _cmdline, _stat
 from _swarm_common import REPO, arguments, machine, read_json, save_plot, write_json
 
 from pathswarm.node.app.fmt import subplots
@@ -158,7 +159,8 @@ def run_pathswarm(spec: SwarmSpec, spec_path: Path, profile: Profile, a, work: P
     rounds = (a.pathswarm_steps or a.steps) // a.inner_steps
     names = [f"n{i}" for i in range(a.nodes)]
     bootstrap = scaled(PROFILES["fiber"], path_param_count(spec), a.step["step_s"])
-    with Links([bootstrap, *[profile] * a.nodes]) as net, LocalSwarm(spec_path, work / "run") as swarm:
+    with Links([bootstrap, *[profile] * a.nodes]) as net, LocalSwarm(spec_path, work / "run") as swarm, \
+            CpuSampler() as cpu:
         swarm.netns.update({"bootstrap": net.ns(0), **{n: net.ns(i + 1) for i, n in enumerate(names)}})
         swarm.start_bootstrap(args=["--swarm", str(spec_path), "--host-maddr", net.maddr(0)], timeout_s=120)
         for i, name in enumerate(names):
@@ -175,6 +177,8 @@ def run_pathswarm(spec: SwarmSpec, spec_path: Path, profile: Profile, a, work: P
             if t0 is None:
                 since = [s.get("training_since", 0) for s in map(swarm.status, names) if s]
                 t0 = min((x for x in since if x), default=None)
+                if t0 is not None:
+                    cpu.mark()  # from the first node's training on, as the clock
             elif time.time() - t0 > a.time_cap:
                 stop_reason = "time cap"
                 break
@@ -182,6 +186,7 @@ def run_pathswarm(spec: SwarmSpec, spec_path: Path, profile: Profile, a, work: P
         else:
             if swarm.running():
                 stop_reason = "time cap"
+        cpu.stop()
         failed = {n: swarm.tail(n, 5) for n, p in swarm.nodes.items() if p.poll() not in (None, 0)}
         end = time.time()
         after = net.counters()
@@ -192,9 +197,12 @@ def run_pathswarm(spec: SwarmSpec, spec_path: Path, profile: Profile, a, work: P
     t0 = min((s["training_since"] for s in statuses.values() if s.get("training_since")), default=t0 or end)
     points = [{"t": s["at"] - t0, "dir": s["dir"]} for s in snaps.taken]
     wire = [t for s in statuses.values() for ts in s.get("round_wire_s", {}).values() for _, t in ts]
+    tokens = statistics.median(s.get("tokens_trained", 0) for s in statuses.values())
     return {"stop": stop_reason, "wall_s": end - t0, "snapshots": points, "traffic": _traffic(before, after, 1),
+            "cpu": cpu_use(cpu, tokens / (a.batch_size * a.context_len)) | {"window": "training: the first node's "
+                                                                             "start to the cap or the last node's end"},
             "rounds": min((s.get("round", 0) for s in statuses.values()), default=0),
-            "tokens_per_node": statistics.median(s.get("tokens_trained", 0) for s in statuses.values()),
+            "tokens_per_node": tokens,
             "round_wire_s": {"median": statistics.median(wire) if wire else None, "n": len(wire)},
             "replicas": _replicas(statuses), "failed_nodes": failed,
             "settings": {"inner_steps": a.inner_steps, "rounds": rounds, "slices": spec.averaging.slices,
@@ -215,13 +223,36 @@ def _traffic(before: list[dict], after: list[dict], first: int) -> dict:
             "sent_max": max(sent), "received_median": statistics.median(got)}
 
 
+BASELINE_KINDS = ("baseline", "baseline-dht", "p2pd")
+
+
+def baseline_kind_of(pid: str) -> str | None:
+    """A baseline's process (benchmarks/_baselines.py: DDP's ranks, hivemind's peers), the DHT process hivemind forks
+    from it, or its p2pd daemon; None for anything else."""
+    cmd = _cmdline(pid)
+    if "p2pd" in cmd:
+        return "p2pd"
+    if "_baselines.py" not in cmd:
+        return None
+    stat = _stat(pid)
+    return "baseline-dht" if stat and "_baselines.py" in _cmdline(stat[1]) else "baseline"
+
+
+def cpu_use(cpu: CpuSampler, steps: float) -> dict:
+    """Core-seconds by kind of process over the arm's window, the machine's busy and idle core-seconds, and the
+    core-seconds all processes spent per inner step of a node (what 2 cores share among 8 nodes)."""
+    by_kind, host = cpu.seconds(), cpu.host()
+    return {"by_kind_s": by_kind, "host": host, "window_s": round(host["busy_s"] + host["idle_s"], 1),
+            "per_step_s": round(sum(by_kind.values()) / steps, 4) if steps else None}
+
+
 def run_baseline(arm: str, spec_path: Path, profile: Profile, a, work: Path) -> dict:
     kind = BASELINE_KIND[arm]
     out, rendezvous = work / "out", work / "rendezvous"
     out.mkdir(parents=True)
     rendezvous.mkdir()
     tokens = a.steps * a.batch_size * a.context_len
-    with Links([profile] * a.nodes) as net:
+    with Links([profile] * a.nodes) as net, CpuSampler(kind_of=baseline_kind_of, kinds=BASELINE_KINDS) as cpu:
         before = net.counters()
         procs = []
         for rank in range(a.nodes):
@@ -252,7 +283,9 @@ def run_baseline(arm: str, spec_path: Path, profile: Profile, a, work: Path) -> 
         points.append({"t": snap["t"], "file": str(f), "tokens": snap["tokens"]})
     tails = {r: (work / f"rank{r}.log").read_text(errors="replace")[-1500:] for r in failed[:2]}
     first = workers[0] if workers else {}
+    steps = (first.get("tokens") or 0) / (a.batch_size * a.context_len)
     return {"stop": first.get("stop", "failed"), "wall_s": first.get("wall_s"), "snapshots": points,
+            "cpu": cpu_use(cpu, steps) | {"window": "the whole arm: start-up and shutdown included"},
             "traffic": _traffic(before, after, 0), "tokens_per_node": first.get("tokens"),
             "settings": first.get("settings", {}), "errors": errors, "failed_ranks": failed, "log_tails": tails}
 
