@@ -67,10 +67,12 @@ class CpuSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._ticks = os.sysconf("SC_CLK_TCK")
+        self._start: tuple[float, float] = (0.0, 0.0)
+        self._end: tuple[float, float] | None = None
 
     def __enter__(self) -> CpuSampler:
         self._sample(first=True)
-        self._host = [host_times(), None]
+        self._start, self._end = host_times(), None
         self._thread.start()
         return self
 
@@ -81,7 +83,7 @@ class CpuSampler:
         """Count from now on: what every process used so far is left out."""
         self._sample()
         self._first = dict(self._last)
-        self._host[0] = host_times()
+        self._start = host_times()
 
     def stop(self) -> None:
         if self._stop.is_set():
@@ -89,10 +91,11 @@ class CpuSampler:
         self._stop.set()
         self._thread.join()
         self._sample()
-        self._host[1] = host_times()
+        self._end = host_times()
 
     def host(self) -> dict[str, float]:
-        (b0, i0), (b1, i1) = self._host[0], self._host[1] or host_times()
+        b0, i0 = self._start
+        b1, i1 = self._end or host_times()
         return {"busy_s": round(b1 - b0, 2), "idle_s": round(i1 - i0, 2)}
 
     def _run(self) -> None:
