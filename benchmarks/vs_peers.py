@@ -320,7 +320,11 @@ def time_to(curve: list[dict], loss: float, stepwise: bool = False) -> float | N
 
 
 def verdict(arms: dict[str, dict], link: str) -> dict:
-    ours = arms.get("pathswarm int8")
+    """Each baseline's final loss and when pathswarm reached it: the `pathswarm int8` arm, or without it the first
+    int8 variant run (e.g. `pathswarm int8 one-reducer` alone), named in each entry."""
+    mine_name = "pathswarm int8" if "pathswarm int8" in arms else next(
+        (n for n in arms if n.startswith("pathswarm int8")), None)
+    ours = arms.get(mine_name) if mine_name else None
     out = {}
     for name, arm in arms.items():
         if name.startswith("pathswarm") or not arm.get("curve"):
@@ -328,7 +332,8 @@ def verdict(arms: dict[str, dict], link: str) -> dict:
         target = arm["curve"][-1]["val_loss"]
         theirs = time_to(arm["curve"], target)
         mine = time_to(ours["curve"], target, stepwise=True) if ours else None
-        entry = {"their_final_loss": target, "their_time_s": theirs, "pathswarm_time_s": mine,
+        entry = {"their_final_loss": target, "their_time_s": theirs, "pathswarm_arm": mine_name,
+                 "pathswarm_time_s": mine,
                  "sooner": (theirs / mine) if theirs and mine else None}
         if link == "home" and name in GOALS_HOME:
             entry["goal_sooner"] = GOALS_HOME[name]
