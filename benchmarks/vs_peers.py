@@ -26,6 +26,9 @@ Clock: t = 0 when the arm's training starts (pathswarm: the first node's trainin
 process group or DHT formed); start-up is not counted. The held-out loss is measured afterwards on snapshots
 (pathswarm: node 0's checkpoint of every round, the swarm's anchor; baselines: rank 0's weights every few
 seconds), so evaluation takes no time from training. An arm stops at its tokens or at --time-cap.
+CPU: each arm's core-seconds by kind of process (`cpu`: nodes, their DHT processes, p2pd, the bootstrap peer; a
+baseline's ranks, hivemind's DHT processes and daemons), read from /proc (benchmarks/_cpu.py), and per inner step of
+the swarm: on a host whose cores all the nodes share, what a round costs beside the steps is paid in training time.
 
     nice -n 10 .venv/bin/python benchmarks/vs_peers.py            # ≈ 40 min on 2 cores (root: namespaces)
 
