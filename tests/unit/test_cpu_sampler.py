@@ -38,40 +38,34 @@ def _kind(pid: str) -> str | None:
     return "child" if TAG in _cmdline(pid) else None
 
 
-def test_the_window_counts_only_what_was_used_between_mark_and_stop():
+def measure(first: float, second: float, mark: bool) -> tuple[float, dict[str, float]]:
+    """The child's core-seconds as the sampler counts them, and the host's, with `mark()` between the two burns or
+    not at all."""
     with CpuSampler(period_s=0.05, kind_of=_kind, kinds=("child",)) as cpu:
-        child = subprocess.Popen([sys.executable, "-c", CHILD, "0.6", "0.4", TAG], stdin=subprocess.PIPE,
+        child = subprocess.Popen([sys.executable, "-c", CHILD, str(first), str(second), TAG], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True)
         try:
             assert child.stdout.readline().strip() == "first"
-            time.sleep(0.1)  # a sample after the first burn: mark() takes its own, this one only helps
-            cpu.mark()
+            if mark:
+                time.sleep(0.1)  # a sample after the first burn: mark() takes its own, this one only helps
+                cpu.mark()
             child.stdin.write("go\n")
             child.stdin.flush()
             assert child.stdout.readline().strip() == "second"
             cpu.stop()
-            used = cpu.seconds()["child"]
-            host = cpu.host()
+            return cpu.seconds()["child"], cpu.host()
         finally:
             child.kill()
             child.wait()
+
+
+def test_the_window_counts_only_what_was_used_between_mark_and_stop():
+    used, host = measure(0.6, 0.4, mark=True)
     # the second burn (0.4 s) and a little start-up of its loop; the first (0.6 s) left out. Clock ticks are 10 ms.
     assert 0.38 <= used <= 0.55, used
     assert host["busy_s"] >= 0.38 and host["idle_s"] >= 0.0
 
 
 def test_without_a_mark_the_window_is_the_whole_run():
-    with CpuSampler(period_s=0.05, kind_of=_kind, kinds=("child",)) as cpu:
-        child = subprocess.Popen([sys.executable, "-c", CHILD, "0.3", "0.0", TAG], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True)
-        try:
-            assert child.stdout.readline().strip() == "first"
-            child.stdin.write("go\n")
-            child.stdin.flush()
-            assert child.stdout.readline().strip() == "second"
-            cpu.stop()
-            used = cpu.seconds()["child"]
-        finally:
-            child.kill()
-            child.wait()
+    used, _ = measure(0.3, 0.0, mark=False)
     assert 0.28 <= used <= 0.6, used  # the burn plus the interpreter's start-up
