@@ -38,11 +38,16 @@ def kind_of(pid: str) -> str | None:
         return "p2pd"
     if "pathswarm bootstrap" in cmd:
         return "bootstrap"
-    if "node run" not in cmd:
+    return forked_kind(pid, cmd, "node run", "node")
+
+
+def forked_kind(pid: str, cmd: str, marker: str, name: str) -> str | None:
+    """`name` for a process whose command line `cmd` holds `marker`, `name`-dht for one whose parent's does too (the
+    DHT process hivemind forks from it), None when `cmd` lacks it."""
+    if marker not in cmd:
         return None
     stat = _stat(pid)
-    parent = _cmdline(stat[1]) if stat else ""
-    return "node-dht" if "node run" in parent else "node"
+    return f"{name}-dht" if stat and marker in _cmdline(stat[1]) else name
 
 
 def host_times() -> tuple[float, float]:

@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 
 import torch
-from _cpu import CpuSampler, _cmdline, _stat
+from _cpu import CpuSampler, _cmdline, forked_kind
 from _swarm_common import REPO, arguments, machine, read_json, save_plot, write_json
 
 from pathswarm.node.app.fmt import subplots
@@ -233,12 +233,7 @@ def baseline_kind_of(pid: str) -> str | None:
     """A baseline's process (benchmarks/_baselines.py: DDP's ranks, hivemind's peers), the DHT process hivemind forks
     from it, or its p2pd daemon; None for anything else."""
     cmd = _cmdline(pid)
-    if "p2pd" in cmd:
-        return "p2pd"
-    if "_baselines.py" not in cmd:
-        return None
-    stat = _stat(pid)
-    return "baseline-dht" if stat and "_baselines.py" in _cmdline(stat[1]) else "baseline"
+    return "p2pd" if "p2pd" in cmd else forked_kind(pid, cmd, "_baselines.py", "baseline")
 
 
 def cpu_use(cpu: CpuSampler, steps: float) -> dict:

@@ -3,6 +3,8 @@ closes. The child burns measured process-CPU time (not wall time), so the figure
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +16,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 if str(BENCHMARKS) not in sys.path:
     sys.path.append(str(BENCHMARKS))  # the benchmarks import each other by bare name
 
-from _cpu import CpuSampler, _cmdline  # noqa: E402
+from _cpu import CpuSampler, _cmdline, kind_of  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 
@@ -69,3 +71,21 @@ def test_the_window_counts_only_what_was_used_between_mark_and_stop():
 def test_without_a_mark_the_window_is_the_whole_run():
     used, _ = measure(0.3, 0.0, mark=False)
     assert 0.28 <= used <= 0.6, used  # the burn plus the interpreter's start-up
+
+
+def test_a_fork_of_a_node_is_its_dht_process():
+    # hivemind forks a node's DHT process: the same command line, a node for its parent
+    parent = subprocess.Popen([sys.executable, "-c", "import os, sys, time\nif os.fork() == 0:\n    print('forked', "
+                               "flush=True)\ntime.sleep(30)", "pathswarm", "node run", TAG], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert parent.stdout.readline().strip() == "forked"
+        children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()
+        assert kind_of(str(parent.pid)) == "node"
+        assert [kind_of(c) for c in children] == ["node-dht"]
+        assert kind_of(str(os.getpid())) is None
+    finally:
+        for c in Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split():
+            os.kill(int(c), signal.SIGKILL)
+        parent.kill()
+        parent.wait()
